@@ -1,0 +1,139 @@
+"""The `raysim` command: run, partition, report, bench, algorithms, datasets."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from raysim.errors import RaysimError
+
+EXIT_USER_ERROR = 2
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from raysim.config import load_config
+    from raysim.runner import new_run_dir, resume_config, run_with_progress
+
+    if args.resume:
+        if args.config and "=" not in args.config:
+            raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
+        overrides = ([args.config] if args.config else []) + args.overrides
+        run_dir = Path(args.resume)
+        config = resume_config(run_dir, overrides)
+        experiment = None
+    else:
+        if not args.config:
+            raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] "
+                              "(try configs/quickstart.yaml)")
+        config = load_config(args.config, args.overrides)
+        from raysim.runner import prepare
+        experiment = prepare(config)  # bad data or partition fails before a run directory appears
+        run_dir = new_run_dir(config, args.out)
+    try:
+        run_with_progress(config, run_dir, args.address, experiment)
+    except KeyboardInterrupt:
+        print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'",
+              file=sys.stderr)
+        return 130
+    return 0
+
+
+def _cmd_partition(args: argparse.Namespace) -> int:
+    from raysim.config import load_config
+    from raysim.partition import format_counts
+    from raysim.runner import prepare
+
+    config = load_config(args.config, args.overrides)
+    exp = prepare(config)
+    print(f"{config.dataset.name}: {len(exp.dataset.train_y)} training samples, {config.clients.num} clients, "
+          f"partition {config.partition.kind}"
+          + (f" alpha={config.partition.alpha}" if "dirichlet" in config.partition.kind
+             or config.partition.kind == "quantity" else ""))
+    print(format_counts(exp.counts, exp.dataset.classes))
+    if args.plot:
+        from raysim.plots import save_partition_plot
+        save_partition_plot(exp.counts, args.plot, exp.dataset.classes,
+                            title=f"{config.dataset.name}, {config.partition.kind}, {config.clients.num} clients")
+        print(f"bubble chart written to {args.plot}")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from raysim.report import report
+
+    print(report(args.runs))
+    return 0
+
+
+def _cmd_algorithms(args: argparse.Namespace) -> int:
+    from algorithms import describe_algorithms
+
+    for name, text in describe_algorithms():
+        print(f"{name:12s} {text}")
+    return 0
+
+
+def _cmd_datasets(args: argparse.Namespace) -> int:
+    from raysim.data import describe_datasets
+    from raysim.models import describe_models
+
+    print("datasets (dataset.name):")
+    for name, text in describe_datasets():
+        print(f"  {name:14s} {text}")
+    print("models (model.name):")
+    for name, text in describe_models():
+        print(f"  {name:14s} {text}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from raysim import bench
+
+    return bench.main(args.which, args.extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raysim", description="Federated-learning simulator on Ray")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run an experiment (or continue one with --resume)")
+    run.add_argument("config", nargs="?", help="experiment YAML (e.g. configs/quickstart.yaml)")
+    run.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rounds=10 partition.alpha=0.1")
+    run.add_argument("--out", help="run directory (default: output.dir/ALGO-DATASET-sSEED-TIME)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.set_defaults(func=_cmd_run)
+
+    part = sub.add_parser("partition", help="print (and plot) the per-client class counts of a config")
+    part.add_argument("config")
+    part.add_argument("overrides", nargs="*")
+    part.add_argument("--plot", metavar="FILE.png", help="write a bubble chart of the partition")
+    part.set_defaults(func=_cmd_partition)
+
+    rep = sub.add_parser("report", help="side-by-side table of runs (mean +- std over seeds)")
+    rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    rep.set_defaults(func=_cmd_report)
+
+    sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
+    sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
+
+    bench = sub.add_parser("bench", help="benchmarks that print ratios")
+    bench.add_argument("which", choices=["overhead"])
+    bench.add_argument("extra", nargs="*", help="key=value options of the benchmark")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except RaysimError as exc:
+        print(f"raysim: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Experiment configuration: YAML file + `key.sub=value` overrides -> typed, validated Config.
+
+Every key is declared in a dataclass below (the algorithm's own keys in the
+algorithm's `Params` dataclass), so a misspelt or unknown key is an error
+before Ray starts, never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.errors import RaysimError
+
+
+@dataclass
+class DatasetConfig:
+    name: str = "embedded"
+    root: str | None = None  # folder in Parquet, torchvision or image-folder layout
+    image_size: int | None = None  # resize image folders (DomainNet: 64)
+
+
+@dataclass
+class PartitionConfig:
+    kind: str = "dirichlet"
+    alpha: float = 0.5
+    min_size: int = 10
+    max_tries: int = 1000
+    classes_per_client: int = 2
+    seed: int | None = None  # partition seed; None: the run's seed (fix it to vary only training over seeds)
+
+
+@dataclass
+class ClientsConfig:
+    num: int = 10
+    # Clients sampled per round: an int count, or a fraction in (0, 1] (0.4 = 40%).
+    per_round: float = 1.0
+
+
+@dataclass
+class ModelConfig:
+    name: str = "convnet"
+    width: int = 128
+    depth: int = 3
+    norm: str = "batchnorm"
+    hidden: int = 128
+
+
+@dataclass
+class LocalConfig:
+    """Clients' local training (the FedAvg family and algorithms built on it)."""
+
+    epochs: int = 1
+    batch_size: int = 64
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    optimizer: str = "sgd"  # sgd | adam
+
+
+@dataclass
+class ResourcesConfig:
+    actors: int = 2
+    cpus_per_actor: float = 1.0
+    gpus_per_actor: float = 0.0
+    server_gpus: float = 0.0
+    # Local Ray only: CPUs and logical GPUs to start Ray with (None: all cores / 0).
+    num_cpus: int | None = None
+    num_gpus: int | None = None
+    object_store_mb: int = 512
+    max_restarts: int = 3
+    max_task_retries: int = 3
+    address: str | None = None  # Ray cluster to attach to (also RAY_ADDRESS)
+    deterministic: bool = True  # deterministic cuDNN kernels on GPU
+
+
+@dataclass
+class EvalConfig:
+    every: int = 1
+    batch_size: int = 1000
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"  # parent of run directories when --out is not given
+    tensorboard: bool = True
+    checkpoint_every: int = 1
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    rounds: int = 5
+    dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    # name + the algorithm's own parameters (validated against its Params dataclass)
+    algorithm: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def clients_per_round(self) -> int:
+        per = self.clients.per_round
+        if isinstance(per, float) and per <= 1.0:
+            return max(1, round(per * self.clients.num))
+        return int(per)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- parsing
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting int->float where harmless."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, key)
+            except RaysimError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RaysimError(f"config key '{key}' must be a number, got {value!r}")
+        # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
+        return value
+    if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RaysimError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RaysimError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise RaysimError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise RaysimError(f"config key '{key}' must be a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        return value
+    raise RaysimError(f"config key '{key}' has unsupported type {_type_name(tp)}")
+
+
+def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys and bad types."""
+    if not isinstance(values, dict):
+        raise RaysimError(f"config section '{prefix}' must be a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            where = f"'{prefix}.{key}'" if prefix else f"'{key}'"
+            raise RaysimError(
+                f"unknown config key {where}: valid keys{' under ' + repr(prefix) if prefix else ''} "
+                f"are {', '.join(sorted(known))}")
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build_dataclass(tp, value or {}, key)
+        else:
+            kwargs[name] = coerce(value, tp, key)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise RaysimError(f"override '{text}' is not of the form key.sub=value (e.g. rounds=10)")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise RaysimError(f"override '{text}' has an empty key: write it as key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RaysimError(f"config key '{'.'.join(path)}': '{part}' is a value, not a section")
+        node = child
+    node[path[-1]] = value
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise RaysimError(f"config file '{path}' does not exist: give the path to a YAML file "
+                          "(see configs/quickstart.yaml)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise RaysimError(f"config file '{path}' is not valid YAML{where} ({problem}): fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RaysimError(f"config file '{path}' must hold a mapping of keys (like configs/quickstart.yaml)")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or start from `base`), apply overrides, validate everything."""
+    tree = dict(base or {}) if path is None else read_yaml(path)
+    for text in overrides:
+        key_path, value = parse_override(text)
+        set_path(tree, key_path, value)
+    return config_from_dict(tree)
+
+
+def config_from_dict(tree: dict[str, Any]) -> Config:
+    tree = dict(tree)
+    algorithm = tree.pop("algorithm", None) or {}
+    if not isinstance(algorithm, dict):
+        raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
+    config = build_dataclass(Config, tree, "")
+    # Imported here: the algorithm registry imports torch, which config parsing should not need.
+    from algorithms import resolve_params
+    config.algorithm = resolve_params(algorithm)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Value checks that do not need the data (those that do live in the data/partition code)."""
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise RaysimError(message)
+
+    need(config.rounds >= 1, f"rounds must be >= 1, got {config.rounds}")
+    need(config.clients.num >= 1, f"clients.num must be >= 1, got {config.clients.num}")
+    per = config.clients.per_round
+    need(per > 0, f"clients.per_round must be a count >= 1 or a fraction in (0, 1], got {per}")
+    need(config.clients_per_round() <= config.clients.num,
+         f"clients.per_round={per} exceeds clients.num={config.clients.num}: lower it or use a fraction like 0.4")
+    need(config.partition.alpha > 0,
+         f"partition.alpha must be > 0, got {config.partition.alpha}: use e.g. 0.1 (skewed) to 100 (near IID)")
+    need(config.resources.actors >= 1, f"resources.actors must be >= 1, got {config.resources.actors}")
+    need(config.resources.cpus_per_actor > 0,
+         f"resources.cpus_per_actor must be > 0, got {config.resources.cpus_per_actor}")
+    need(config.resources.gpus_per_actor >= 0, "resources.gpus_per_actor must be >= 0")
+    need(config.local.epochs >= 0, "local.epochs must be >= 0")
+    need(config.local.batch_size >= 1, "local.batch_size must be >= 1")
+    need(config.local.optimizer in ("sgd", "adam"),
+         f"local.optimizer must be sgd or adam, got '{config.local.optimizer}'")
+    need(config.eval.every >= 1, "eval.every must be >= 1")
+    need(config.output.checkpoint_every >= 1, "output.checkpoint_every must be >= 1")
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

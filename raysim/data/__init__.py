@@ -1,0 +1,14 @@
+"""Datasets as uint8 numpy arrays: the embedded sample, Parquet (Hugging Face), torchvision roots, image folders.
+
+    ds = load_dataset("mnist", "/path/to/mnist")      # layout of the root detected automatically
+    ds.train_x  # uint8 (N, H, W, C), read-only;  ds.train_y  # int64 (N,)
+
+Decoded arrays are cached under $RAYSIM_CACHE_DIR (default ~/.cache/raysim) and
+memoised in-process; see raysim.data.cache.
+"""
+
+from .arrays import ArrayDataset
+from .cache import clear_memory_cache
+from .registry import DATASET_NAMES, describe_datasets, load_dataset
+
+__all__ = ["ArrayDataset", "DATASET_NAMES", "clear_memory_cache", "describe_datasets", "load_dataset"]

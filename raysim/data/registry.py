@@ -1,0 +1,121 @@
+"""load_dataset: name + root -> ArrayDataset, detecting the layout of root automatically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..errors import RaysimError
+from .arrays import ArrayDataset
+from .cache import get_or_build, memo_get, memo_put
+from .embedded import embedded_source
+from .image_folder import find_domainnet, find_image_folder
+from .parquet import find_parquet
+from .source import Source
+from .torchvision_root import SPECS, find_torchvision
+
+DATASET_NAMES = ("embedded", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet")
+
+DOMAINNET_DEFAULT_SIZE = 64
+
+Finder = Callable[[Path, str, "int | None"], "Source | None"]
+_FINDERS: dict[str, Finder] = {
+    "parquet": find_parquet,
+    "torchvision": find_torchvision,
+    "image_folder": find_image_folder,
+    "domainnet": find_domainnet,
+}
+_LAYOUTS: dict[str, tuple[str, ...]] = {
+    "mnist": ("parquet", "torchvision", "image_folder"),
+    "fashion_mnist": ("parquet", "torchvision", "image_folder"),
+    "cifar10": ("parquet", "torchvision", "image_folder"),
+    "cifar100": ("parquet", "torchvision", "image_folder"),
+    "svhn": ("parquet", "torchvision", "image_folder"),
+    "cinic10": ("image_folder", "parquet"),
+    "domainnet": ("domainnet",),
+}
+_WHAT = {
+    "embedded": "10,000/2,000-image class-stratified Fashion-MNIST sample shipped with raysim (28x28 grey, 10 classes)",
+    "mnist": "MNIST handwritten digits (28x28 grey, 10 classes, 60k/10k)",
+    "fashion_mnist": "Fashion-MNIST clothing (28x28 grey, 10 classes, 60k/10k)",
+    "cifar10": "CIFAR-10 (32x32 RGB, 10 classes, 50k/10k)",
+    "cifar100": "CIFAR-100 fine labels (32x32 RGB, 100 classes, 50k/10k)",
+    "svhn": "SVHN cropped digits (32x32 RGB, 10 classes, 73k/26k)",
+    "cinic10": "CINIC-10 (32x32 RGB, CIFAR-10 classes, ImageNet+CIFAR images; valid/ used only if no test/)",
+    "domainnet": "DomainNet-style domain-skew data (RGB, resized to image_size, default 64; one domain per folder)",
+}
+_FOLDER_HINT = "train/<class>/*.png and test/<class>/*.png"
+_PARQUET_HINT = "train.parquet/test.parquet (Hugging Face layout)"
+
+
+def _hint(name: str) -> str:
+    """What to put under dataset.root for this dataset, as one clause."""
+    if name == "domainnet":
+        return "<domain>/train/<class>/*.jpg and <domain>/test/<class>/*.jpg for each domain"
+    if name == "cinic10":
+        return f"{_FOLDER_HINT} (CINIC-10 layout), or {_PARQUET_HINT}"
+    return f"{SPECS[name].hint} (torchvision layout), or {_PARQUET_HINT}, or {_FOLDER_HINT}"
+
+
+def describe_datasets() -> list[tuple[str, str]]:
+    """(name, one line: what it is and which layouts dataset.root may hold)."""
+    out = []
+    for name in DATASET_NAMES:
+        needs = "no root needed" if name == "embedded" else f"root holds {_hint(name)}"
+        out.append((name, f"{_WHAT[name]}; {needs}"))
+    return out
+
+
+def _normalise_name(name: object) -> str:
+    if not isinstance(name, str):
+        raise RaysimError(f"dataset.name must be a string, got {name!r}: use one of {', '.join(DATASET_NAMES)}")
+    key = name.strip().lower().replace("-", "_")
+    if key not in DATASET_NAMES:
+        raise RaysimError(f"unknown dataset '{name}': set dataset.name to one of {', '.join(DATASET_NAMES)}")
+    return key
+
+
+def _check_image_size(image_size: object) -> int | None:
+    if image_size is None:
+        return None
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 1 <= image_size <= 4096:
+        raise RaysimError(f"dataset.image_size must be a positive integer (pixels) or unset, got {image_size!r}")
+    return image_size
+
+
+def _locate(name: str, root: str | Path | None, image_size: int | None) -> Source:
+    if root is None or not str(root).strip():
+        raise RaysimError(
+            f"dataset.root must be set for dataset '{name}': set dataset.root to the folder holding {_hint(name)} "
+            f"(or use dataset.name=embedded, which needs no files)"
+        )
+    path = Path(str(root)).expanduser()
+    if not path.exists():
+        raise RaysimError(f"dataset root '{root}' does not exist: set dataset.root=... to the folder holding {_hint(name)}")
+    if not path.is_dir():
+        raise RaysimError(f"dataset root '{root}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}")
+    for layout in _LAYOUTS[name]:
+        source = _FINDERS[layout](path, name, image_size)
+        if source is not None:
+            return source
+    raise RaysimError(f"{name}: no data under {root}: put {_hint(name)} there")
+
+
+def load_dataset(name: str, root: str | None = None, image_size: int | None = None) -> ArrayDataset:
+    """Load a dataset as uint8 arrays, decoding once and caching (see raysim.data.cache).
+
+    ``root`` is ignored for ``embedded``.  ``image_size`` resizes every image to
+    image_size x image_size (default: native size; 64 for domainnet).  The
+    returned arrays are read-only and shared with later calls in this process.
+    """
+    name = _normalise_name(name)
+    image_size = _check_image_size(image_size)
+    if name == "domainnet" and image_size is None:
+        image_size = DOMAINNET_DEFAULT_SIZE
+    root_key = None if name == "embedded" or root is None else str(Path(str(root)).expanduser().resolve())
+    key = (name, root_key, image_size)
+    ds = memo_get(key)
+    if ds is not None:
+        return ds
+    source = embedded_source(image_size) if name == "embedded" else _locate(name, root, image_size)
+    return memo_put(key, get_or_build(name, source, image_size))

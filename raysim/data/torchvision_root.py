@@ -1,0 +1,132 @@
+"""torchvision dataset roots (download=False): MNIST, FashionMNIST, CIFAR10, CIFAR100, SVHN."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import RaysimError
+from .arrays import ArrayDataset
+from .classnames import KNOWN_CLASSES
+from .decode import resize_array
+from .source import Source, one_line
+
+_IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@dataclass(frozen=True)
+class TorchvisionSpec:
+    cls: str                   # class in torchvision.datasets
+    folder: str                # folder under the torchvision root holding the files ("" = the root itself)
+    files: tuple[str, ...]     # files torchvision needs, relative to folder
+    hint: str                  # what to put where, for error messages
+
+
+SPECS: dict[str, TorchvisionSpec] = {
+    "mnist": TorchvisionSpec("MNIST", "MNIST/raw", _IDX, "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte"),
+    "fashion_mnist": TorchvisionSpec(
+        "FashionMNIST", "FashionMNIST/raw", _IDX, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte"
+    ),
+    "cifar10": TorchvisionSpec(
+        "CIFAR10", "cifar-10-batches-py",
+        tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta"),
+        "cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}",
+    ),
+    "cifar100": TorchvisionSpec(
+        "CIFAR100", "cifar-100-python", ("train", "test", "meta"), "cifar-100-python/{train,test,meta}"
+    ),
+    "svhn": TorchvisionSpec("SVHN", "", ("train_32x32.mat", "test_32x32.mat"), "train_32x32.mat and test_32x32.mat"),
+}
+
+
+def _candidate_roots(root: Path, spec: TorchvisionSpec) -> list[Path]:
+    """The torchvision root itself, or its parents when the user pointed at MNIST/ or MNIST/raw/."""
+    out = [root]
+    parts = Path(spec.folder).parts
+    for depth in range(1, len(parts) + 1):
+        if tuple(root.parts[-depth:]) == parts[:depth]:
+            out.append(root.parents[depth - 1])
+    return out
+
+
+def find_torchvision(root: Path, name: str, image_size: int | None) -> Source | None:
+    spec = SPECS.get(name)
+    if spec is None:
+        return None
+    partial: tuple[Path, list[str]] | None = None
+    for tv_root in _candidate_roots(root, spec):
+        folder = tv_root / spec.folder
+        present = [f for f in spec.files if (folder / f).is_file()]
+        if len(present) == len(spec.files):
+            files = tuple(folder / f for f in spec.files)
+            return Source(
+                layout="torchvision",
+                files=files,
+                build=lambda tv_root=tv_root: read_torchvision_dataset(name, tv_root, image_size),
+                where=str(folder),
+            )
+        if present and partial is None:
+            partial = (folder, [f for f in spec.files if f not in present])
+    if partial is not None:
+        folder, missing = partial
+        raise RaysimError(
+            f"{name}: incomplete torchvision layout in {folder}: missing {', '.join(missing)}: "
+            f"add them (torchvision expects {spec.hint})"
+        )
+    return None
+
+
+def _arrays(name: str, ds) -> tuple[np.ndarray, np.ndarray]:
+    data = ds.data
+    data = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
+    labels = ds.labels if name == "svhn" else ds.targets
+    labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
+    if name in ("mnist", "fashion_mnist"):
+        data = data[..., None]                      # (N, 28, 28) -> (N, 28, 28, 1)
+    elif name == "svhn":
+        data = data.transpose(0, 2, 3, 1)           # (N, 3, 32, 32) -> (N, 32, 32, 3)
+    return np.ascontiguousarray(data, dtype=np.uint8), labels.astype(np.int64)
+
+
+def _reason(exc: Exception) -> str:
+    """torchvision's message without its download=True advice (raysim never downloads)."""
+    text = one_line(exc, 160).replace("You can use download=True to download it", "").strip(" .")
+    return text or type(exc).__name__
+
+
+def read_torchvision_dataset(name: str, tv_root: Path, image_size: int | None) -> ArrayDataset:
+    spec = SPECS[name]
+    try:
+        import torchvision.datasets as tvd
+
+        cls = getattr(tvd, spec.cls)
+        if name == "svhn":
+            train = cls(str(tv_root), split="train", download=False)
+            test = cls(str(tv_root), split="test", download=False)
+        else:
+            train = cls(str(tv_root), train=True, download=False)
+            test = cls(str(tv_root), train=False, download=False)
+    except ImportError as exc:
+        raise RaysimError(
+            f"{name}: reading the torchvision files needs a missing module ({one_line(exc, 80)}): "
+            f"install it (svhn needs scipy) or use train.parquet/test.parquet instead"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - torchvision's RuntimeError etc. must not escape
+        raise RaysimError(
+            f"{name}: torchvision could not read {tv_root / spec.folder} ({_reason(exc)}): "
+            f"replace the files with the official ones ({spec.hint})"
+        ) from None
+    train_x, train_y = _arrays(name, train)
+    test_x, test_y = _arrays(name, test)
+    classes = list(getattr(train, "classes", None) or []) if name == "cifar100" else []
+    classes = classes or KNOWN_CLASSES[name]
+    return ArrayDataset(
+        name=name,
+        classes=list(classes),
+        train_x=resize_array(train_x, image_size),
+        train_y=train_y,
+        test_x=resize_array(test_x, image_size),
+        test_y=test_y,
+    )

@@ -1,0 +1,80 @@
+"""A client actor hosts a fixed shard of virtual clients and keeps their data for the whole run."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from algorithms import make_algorithm
+from raysim.algorithm import ClientData, Context, ModelSpec
+from raysim.config import Config
+from raysim.engine.client_state import ClientStateStore
+from raysim.engine.devices import configure_torch, pick_device
+from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
+from raysim.tensors import serialized_nbytes
+
+
+def to_model_input(images: np.ndarray, mean: np.ndarray, std: np.ndarray, device: torch.device) -> torch.Tensor:
+    """uint8 (N, H, W, C) -> normalised float32 (N, C, H, W) on `device`."""
+    x = torch.from_numpy(np.array(images, dtype=np.uint8)).to(device)  # a copy: object-store arrays are read-only
+    x = x.permute(0, 3, 1, 2).float().div_(255.0)
+    m = torch.tensor(np.asarray(mean), dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    s = torch.tensor(np.asarray(std), dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+class ClientRuntime:
+    """The clients of one actor: their data, their persistent state, the algorithm's client step."""
+
+    def __init__(self, config: Config, spec: ModelSpec, train_x: np.ndarray, train_y: np.ndarray,
+                 client_indices: dict[int, np.ndarray], mean: np.ndarray, std: np.ndarray,
+                 state_dir: str | None, gpus: float = 0.0):
+        self.config = config
+        self.device = pick_device(gpus)
+        configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
+        self.algorithm = make_algorithm(config)
+        self.ctx = Context(config, spec, self.device)
+        self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
+        for client, idx in client_indices.items():
+            y = np.asarray(train_y[idx], dtype=np.int64)
+            counts = np.bincount(y, minlength=spec.num_classes).astype(np.int64)
+            self.data[client] = (to_model_input(train_x[idx], mean, std, self.device),
+                                 torch.from_numpy(y).to(self.device), counts)
+        self.states = ClientStateStore(state_dir)
+
+    def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
+        start = time.perf_counter()
+        seed = derive_seed(self.config.seed, CLIENT_TRAIN, round_index, client)
+        torch.manual_seed(seed)  # modules that draw from torch's global generator (dropout, init)
+        x, y, counts = self.data[client]
+        data = ClientData(id=client, round=round_index, x=x, y=y, label_counts=counts,
+                          state=self.states.load(client, round_index),
+                          generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client))
+        message = self.algorithm.client_update(payload, data, self.ctx)
+        self.states.save(client, round_index, data.state)
+        return {"client": client, "num_samples": data.num_samples, "message": message,
+                "metrics": dict(data.metrics), "bytes_up": serialized_nbytes(message),
+                "seconds": time.perf_counter() - start}
+
+
+@ray.remote
+class ClientActor:
+    def __init__(self, config, spec, train_refs: list, *args, **kwargs):
+        # The training set arrives as references inside a list, so Ray does not resolve them as
+        # constructor arguments; the driver holds them for the whole run, so a restarted actor
+        # fetches the same shared-memory arrays again.
+        train_x, train_y = ray.get(train_refs)
+        self.runtime = ClientRuntime(config, spec, train_x, train_y, *args, **kwargs)
+
+    def info(self) -> dict[str, Any]:
+        context = ray.get_runtime_context()
+        return {"node_id": context.get_node_id(), "pid": os.getpid(), "device": str(self.runtime.device),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "clients": sorted(self.runtime.data),
+                "threads": torch.get_num_threads()}
+
+    def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
+        return self.runtime.run_client(payload, round_index, client)

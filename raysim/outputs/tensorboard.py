@@ -1,0 +1,29 @@
+"""TensorBoard events: scalars per round, images (partition picture, condensed sets)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+class TensorBoardLogger:
+    def __init__(self, directory: Path, purge_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
+
+    def scalars(self, round_index: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.writer.add_scalar(name, value, round_index)
+
+    def figure(self, tag: str, figure, step: int = 0) -> None:
+        self.writer.add_figure(tag, figure, step)
+
+    def image(self, tag: str, image_chw: np.ndarray, step: int) -> None:
+        self.writer.add_image(tag, image_chw, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,86 @@
+"""Pictures of a partition, like the papers' partition figures.
+
+Uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot,
+so it works headless, keeps no global figure registry and is safe in Ray
+workers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+# Above this many classes the y axis shows numbers instead of class names.
+_MAX_NAMED_CLASSES = 40
+
+
+def partition_figure(
+    counts: np.ndarray, class_names: list[str] | None = None, title: str | None = None
+) -> Figure:
+    """Bubble chart of a (clients, classes) count matrix.
+
+    x is the client id, y the class, and each bubble's area is proportional to
+    how many samples of that class the client holds (empty cells get no
+    bubble). The figure grows with the number of clients and classes, within
+    limits; the largest bubble's count is given in the x-axis label.
+    """
+    counts = np.asarray(counts)
+    if counts.ndim != 2:
+        raise ValueError(f"counts must be a (clients, classes) matrix, got shape {counts.shape}")
+    k, c = counts.shape
+    if class_names is not None and len(class_names) != c:
+        raise ValueError(f"{len(class_names)} class names for {c} classes")
+
+    width = float(np.clip(2.0 + 0.3 * k, 6.0, 20.0))
+    height = float(np.clip(1.5 + 0.35 * c, 3.5, 14.0))
+    fig = Figure(figsize=(width, height), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+
+    peak = int(counts.max()) if counts.size else 0
+    if peak > 0:
+        # Largest bubble about 90% of one grid cell across (in points^2).
+        cell_w = 72.0 * width * 0.8 / max(k, 1)
+        cell_h = 72.0 * height * 0.8 / max(c, 1)
+        max_area = (0.9 * min(cell_w, cell_h)) ** 2
+        cli, cls = np.nonzero(counts > 0)
+        areas = counts[cli, cls] / peak * max_area
+        ax.scatter(cli, cls, s=areas, c="tab:blue", alpha=0.65, edgecolors="navy", linewidths=0.5)
+
+    ax.set_xlim(-0.6, k - 0.4)
+    ax.set_ylim(-0.6, c - 0.4)
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=min(k, 25), integer=True))
+    if class_names is not None and c <= _MAX_NAMED_CLASSES:
+        ax.set_yticks(range(c))
+        ax.set_yticklabels([str(n) for n in class_names])
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=min(max(c, 1), 20), integer=True))
+    ax.set_xlabel(f"client (largest bubble = {peak} samples)")
+    ax.set_ylabel("class")
+    ax.grid(True, linestyle=":", linewidth=0.5, alpha=0.5)
+    ax.set_axisbelow(True)
+    if title is None:
+        title = f"Partition: {k} clients, {c} classes, {int(counts.sum())} samples"
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def save_partition_plot(
+    counts: np.ndarray,
+    path: str | Path,
+    class_names: list[str] | None = None,
+    title: str | None = None,
+) -> None:
+    """Write :func:`partition_figure` as a PNG to ``path`` (parent folders are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = partition_figure(counts, class_names=class_names, title=title)
+    try:
+        fig.savefig(path, format="png")
+    finally:
+        fig.clear()

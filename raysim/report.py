@@ -1,0 +1,76 @@
+"""`raysim report RUN...`: runs side by side, seeds of the same experiment folded into mean +- std."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from raysim.errors import RaysimError
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
+    if not summary_path.is_file() or not config_path.is_file():
+        raise RaysimError(f"'{run_dir}' is not a finished or running raysim run (no summary.json/config.yaml)")
+    return json.loads(summary_path.read_text()), yaml.safe_load(config_path.read_text())
+
+
+def experiment_key(config: dict[str, Any]) -> str:
+    """The config without the seed and the resources: runs differing only there are repeats."""
+    config = {k: v for k, v in config.items() if k not in ("seed", "resources", "output")}
+    return json.dumps(config, sort_keys=True)
+
+
+def label(config: dict[str, Any], differing: set[str]) -> str:
+    flat = flatten(config)
+    parts = [config["algorithm"]["name"], config["dataset"]["name"]]
+    parts += [f"{k}={flat[k]}" for k in sorted(differing) if k not in ("algorithm.name", "dataset.name")]
+    return " ".join(str(p) for p in parts)
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def mean_std(values: list[float | None]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{np.mean(values):.4f} +- {np.std(values, ddof=1):.4f}"
+
+
+def report(run_dirs: list[str]) -> str:
+    runs = [(Path(d), *read_run(Path(d))) for d in run_dirs]
+    groups: dict[str, list] = {}
+    for run_dir, summary, config in runs:
+        groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
+    flats = [flatten({k: v for k, v in c.items() if k not in ("seed", "resources", "output")}) for _, _, c in runs]
+    differing = {k for k in set().union(*flats) if len({json.dumps(f.get(k)) for f in flats}) > 1}
+    header = ["experiment", "seeds", "final acc", "best acc", "rounds", "MB up", "MB down", "time s"]
+    rows = []
+    for members in groups.values():
+        summaries = [s for _, s, _ in members]
+        rows.append([
+            label(members[0][2], differing), str(len(members)),
+            mean_std([s["final_accuracy"] for s in summaries]), mean_std([s["best_accuracy"] for s in summaries]),
+            "/".join(sorted({str(s["rounds"]) for s in summaries})),
+            f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
+            f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
+            f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
+        ])
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

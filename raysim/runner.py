@@ -1,0 +1,181 @@
+"""One experiment from config to run directory: prepare (no Ray), then drive the rounds on Ray."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from raysim.algorithm import ModelSpec
+from raysim.config import Config, dump_config, load_config
+from raysim.data import ArrayDataset, load_dataset
+from raysim.errors import RaysimError
+from raysim.outputs.files import write_text
+from raysim.partition import class_counts, partition
+from raysim.seeding import PARTITION, numpy_rng
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclass
+class Experiment:
+    """Everything decided before Ray starts: data, partition, model shape."""
+
+    config: Config
+    dataset: ArrayDataset
+    parts: list[np.ndarray]
+    counts: np.ndarray  # (clients, classes)
+    spec: ModelSpec
+    mean: np.ndarray
+    std: np.ndarray
+
+
+def prepare(config: Config) -> Experiment:
+    dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.image_size)
+    p = config.partition
+    seed = config.seed if p.seed is None else p.seed
+    parts = partition(dataset.train_y, config.clients.num, p.kind, numpy_rng(seed, PARTITION),
+                      alpha=p.alpha, min_size=p.min_size, max_tries=p.max_tries,
+                      classes_per_client=p.classes_per_client, domains=dataset.train_domain,
+                      num_classes=dataset.num_classes)
+    empty = [k for k, idx in enumerate(parts) if len(idx) == 0]
+    if empty:
+        raise RaysimError(f"{len(empty)} clients got no data with partition.kind={p.kind} "
+                          f"(first: client {empty[0]}): use fewer clients or another partition")
+    spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
+    spec.build("cpu")  # a model that cannot be built for this data fails here, before Ray starts
+    mean, std = dataset.mean_std()
+    return Experiment(config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes),
+                      spec, mean, std)
+
+
+def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:
+    """client -> actor, largest clients first onto the least loaded actor (deterministic)."""
+    load = [0] * actors
+    owner: dict[int, int] = {}
+    for client in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
+        actor = min(range(actors), key=lambda a: (load[a], a))
+        owner[client] = actor
+        load[actor] += sizes[client]
+    return owner
+
+
+def new_run_dir(config: Config, out: str | None) -> Path:
+    if out:
+        run_dir = Path(out)
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
+    if (run_dir / CONFIG_FILE).exists():
+        raise RaysimError(f"'{run_dir}' already holds a run: continue it with "
+                          f"'raysim run --resume {run_dir}' or choose another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
+    """The run's own config; only `rounds` (to extend a run) and `resources.*` may change."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise RaysimError(f"'{run_dir}' is not a run directory (no {CONFIG_FILE}): "
+                          "pass the folder a previous 'raysim run' wrote")
+    for text in overrides:
+        key = text.split("=", 1)[0]
+        if key != "rounds" and not key.startswith("resources."):
+            raise RaysimError(f"'{key}' cannot change on --resume (only rounds and resources.* can): "
+                              "start a new run instead")
+    return load_config(run_dir / CONFIG_FILE, overrides)
+
+
+ProgressFn = Callable[[dict[str, Any]], None]
+
+
+def run_experiment(config: Config, run_dir: Path, address: str | None = None,
+                   on_round: ProgressFn | None = None, on_start: Callable[[int], None] | None = None,
+                   experiment: Experiment | None = None) -> dict[str, Any]:
+    """Run (or continue) the experiment in `run_dir` and return its summary."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raysim.engine.client_actor import ClientActor
+    from raysim.engine.ray_session import check_resources, ray_session
+    from raysim.engine.server import ServerActor
+
+    exp = experiment or prepare(config)
+    write_text(run_dir / CONFIG_FILE, dump_config(config))
+    res = config.resources
+    with ray_session(res, address):
+        check_resources(res)
+        owner = assign_clients([len(idx) for idx in exp.parts], res.actors)
+        train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
+        state_dir = str(run_dir / "client_state")
+        actors = []
+        for a in range(res.actors):
+            shard = {k: exp.parts[k] for k in sorted(owner) if owner[k] == a}
+            actors.append(ClientActor.options(
+                num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
+                max_task_retries=res.max_task_retries, scheduling_strategy="SPREAD",
+            ).remote(config, exp.spec, [train_x, train_y], shard, exp.mean, exp.std, state_dir,
+                     res.gpus_per_actor))
+        # The server lives on the driver's node, so the run directory is written where the user looks.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
+            config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
+            str(run_dir), actors, owner, exp.counts, exp.dataset.classes)
+        try:
+            actor_info = ray.get([a.info.remote() for a in actors])
+            write_text(run_dir / "actors.yaml", "".join(
+                f"- actor: {i}\n  node_id: {info['node_id']}\n  device: {info['device']}\n"
+                f"  gpu_ids: {info['gpu_ids']}\n  clients: {info['clients']}\n"
+                for i, info in enumerate(actor_info)))
+            start = ray.get(server.completed_rounds.remote())
+            if on_start:
+                on_start(start)
+            for round_index in range(start + 1, config.rounds + 1):
+                info = ray.get(server.run_round.remote(round_index))
+                if on_round:
+                    on_round(info)
+            return ray.get(server.finish.remote())
+        finally:
+            for handle in [server, *actors]:
+                ray.kill(handle, no_restart=True)
+
+
+def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
+    def mb(x: float) -> str:
+        return f"{x / 1e6:.1f} MB"
+    best = summary["best_accuracy"]
+    return (f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']}): "
+            f"final accuracy {summary['final_accuracy']:.4f}, best {best:.4f} (round {summary['best_round']}), "
+            f"{summary['rounds']} rounds, up {mb(summary['bytes_up'])}, down {mb(summary['bytes_down'])}, "
+            f"{summary['wall_time_s']:.1f} s -> {run_dir}")
+
+
+def run_with_progress(config: Config, run_dir: Path, address: str | None = None,
+                      experiment: Experiment | None = None) -> dict[str, Any]:
+    """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
+    from tqdm import tqdm
+
+    exp = experiment or prepare(config)
+    bar = tqdm(total=config.rounds, desc=run_dir.name, unit="round", file=sys.stderr, dynamic_ncols=True)
+    moved = {"bytes": 0.0}
+
+    def on_start(done: int) -> None:
+        bar.update(done)
+
+    def on_round(info: dict[str, Any]) -> None:
+        moved["bytes"] += info["bytes_up"] + info["bytes_down"]
+        postfix = {"acc": f"{info['accuracy']:.4f}"} if "accuracy" in info else {}
+        postfix["moved"] = f"{moved['bytes'] / 1e6:.1f}MB"
+        bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
+
+    try:
+        summary = run_experiment(config, run_dir, address, on_round=on_round, on_start=on_start, experiment=exp)
+    finally:
+        bar.close()
+    print(one_line_summary(summary, run_dir))
+    return summary

@@ -1,0 +1,68 @@
+"""Local training and evaluation loops shared by the algorithms."""
+from __future__ import annotations
+
+from typing import Callable, Iterator
+
+import torch
+import torch.nn.functional as F
+
+from raysim.config import LocalConfig
+
+LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+GradHook = Callable[[torch.nn.Module], None]
+
+
+def cross_entropy_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int,
+            generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of shuffled mini-batches (the order drawn from the client's own generator)."""
+    order = torch.randperm(len(y), generator=generator).to(y.device)
+    for start in range(0, len(y), batch_size):
+        idx = order[start:start + batch_size]
+        yield x[idx], y[idx]
+
+
+def make_optimizer(params, local: LocalConfig) -> torch.optim.Optimizer:
+    if local.optimizer == "adam":
+        return torch.optim.Adam(params, lr=local.lr, weight_decay=local.weight_decay)
+    return torch.optim.SGD(params, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay)
+
+
+def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalConfig,
+                generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
+                grad_hook: GradHook | None = None, epochs: int | None = None) -> tuple[int, float]:
+    """`epochs` of mini-batch training; returns (optimizer steps taken, mean training loss).
+
+    `loss_fn` adds the algorithm's terms (proximal, contrastive, ...);
+    `grad_hook` edits gradients before the step (SCAFFOLD's correction).
+    """
+    model.train()
+    optimizer = make_optimizer(model.parameters(), local)
+    steps, total = 0, 0.0
+    for _ in range(local.epochs if epochs is None else epochs):
+        for xb, yb in batches(x, y, local.batch_size, generator):
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, xb, yb)
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(model)
+            optimizer.step()
+            steps += 1
+            total += float(loss.detach())
+    return steps, total / max(steps, 1)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` on (x, y)."""
+    model.eval()
+    correct, loss = 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        logits = model(xb)
+        loss += float(F.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return correct / len(y), loss / len(y)

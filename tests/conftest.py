@@ -1,0 +1,57 @@
+"""One Ray instance for the whole test session (starting Ray costs seconds), shut down at the end."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def shared_data(name: str) -> Path:
+    """Path to ../shared/data/NAME, or skip the test with the reason."""
+    path = SHARED_DATA / name
+    if not (path / "train.parquet").is_file():
+        pytest.skip(f"needs the real {name} Parquet files at {path} (present in CI, "
+                    "absent on a fresh clone without ../shared)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    # One logical GPU lets the tests schedule fractional-GPU actors on this CPU machine.
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+             object_store_memory=400 * 2**20, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def tiny_overrides(**extra) -> list[str]:
+    """A small, fast experiment on the embedded dataset."""
+    base = {"rounds": 2, "clients.num": 6, "clients.per_round": 6, "model.width": 8,
+            "local.epochs": 1, "local.batch_size": 64, "partition.alpha": 0.5,
+            "resources.actors": 2, "output.tensorboard": False}
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+@pytest.fixture
+def run_tiny(ray_session, tmp_path):
+    """Run a tiny experiment in-process on the shared Ray; returns (summary, run_dir)."""
+    from raysim.config import load_config
+    from raysim.runner import run_experiment
+
+    counter = {"n": 0}
+
+    def run(**overrides):
+        counter["n"] += 1
+        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml",
+                             tiny_overrides(**overrides))
+        run_dir = tmp_path / f"run{counter['n']}"
+        run_dir.mkdir()
+        return run_experiment(config, run_dir), run_dir
+    return run

@@ -1,0 +1,101 @@
+"""Consistency checks that could fail: each variant reduces to FedAvg where its paper says it must."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+
+def server_values(run_dir, metric="accuracy"):
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    return [r["value"] for r in rows if r["client"] is None and r["metric"] == metric]
+
+
+def final_weights(run_dir):
+    return torch.load(run_dir / "checkpoints/final_model.pt", weights_only=False)
+
+
+def assert_same_weights(a, b, exact=True):
+    assert a.keys() == b.keys()
+    for key in a:
+        if exact:
+            assert np.array_equal(a[key], b[key]), key
+        else:
+            np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+
+
+def test_fedprox_with_mu_zero_is_fedavg(run_tiny):
+    _, avg = run_tiny(**{"algorithm.name": "fedavg"})
+    _, prox = run_tiny(**{"algorithm.name": "fedprox", "algorithm.mu": 0.0})
+    assert server_values(avg, "loss") == server_values(prox, "loss")
+    assert_same_weights(final_weights(avg), final_weights(prox))
+    _, prox_on = run_tiny(**{"algorithm.name": "fedprox", "algorithm.mu": 1.0})
+    assert server_values(prox_on, "loss") != server_values(avg, "loss")
+
+
+def test_moon_with_mu_zero_is_fedavg_and_feddisco_without_discrepancy_is_fedavg(run_tiny):
+    _, avg = run_tiny(**{"algorithm.name": "fedavg"})
+    _, moon = run_tiny(**{"algorithm.name": "moon", "algorithm.mu": 0.0})
+    _, disco = run_tiny(**{"algorithm.name": "feddisco", "algorithm.a": 0.0, "algorithm.b": 0.0})
+    assert_same_weights(final_weights(avg), final_weights(moon))
+    assert_same_weights(final_weights(avg), final_weights(disco), exact=False)
+    _, disco_on = run_tiny(**{"algorithm.name": "feddisco", "partition.alpha": 0.1})
+    _, avg_skew = run_tiny(**{"algorithm.name": "fedavg", "partition.alpha": 0.1})
+    assert server_values(disco_on, "loss") != server_values(avg_skew, "loss")
+
+
+def test_fednova_with_equal_plain_sgd_steps_is_fedavg(run_tiny):
+    # IID clients of equal size and plain SGD: every a_i = tau, so FedNova reduces to FedAvg.
+    common = {"partition.kind": "iid", "local.momentum": 0.0}
+    _, avg = run_tiny(**common, **{"algorithm.name": "fedavg"})
+    _, nova = run_tiny(**common, **{"algorithm.name": "fednova"})
+    assert_same_weights(final_weights(avg), final_weights(nova), exact=False)
+
+
+def test_fedbn_without_batchnorm_is_fedavg_and_keeps_bn_local_with_it(run_tiny):
+    _, avg = run_tiny(**{"algorithm.name": "fedavg", "model.name": "mlp"})
+    _, bn = run_tiny(**{"algorithm.name": "fedbn", "model.name": "mlp"})
+    assert_same_weights(final_weights(avg), final_weights(bn))
+    _, bn_conv = run_tiny(**{"algorithm.name": "fedbn", "rounds": 2})
+    state = torch.load(sorted((bn_conv / "client_state/client_00000").glob("r*.pt"))[-1], weights_only=False)
+    assert any("running_mean" in k for k in state["bn"])
+
+
+def client_state(run_dir, client, round_index):
+    return torch.load(run_dir / f"client_state/client_{client:05d}/r{round_index:06d}.pt", weights_only=False)
+
+
+def test_scaffold_control_variates_persist_across_rounds(run_tiny):
+    _, run_dir = run_tiny(**{"algorithm.name": "scaffold", "rounds": 3})
+    # two newest files per client are kept: rounds 2 and 3
+    files = sorted(p.name for p in (run_dir / "client_state/client_00000").glob("r*.pt"))
+    assert files == ["r000002.pt", "r000003.pt"]
+    c2 = client_state(run_dir, 0, 2)["control"]
+    c3 = client_state(run_dir, 0, 3)["control"]
+    assert any(np.abs(v).sum() > 0 for v in c2.values())
+    # c_i+ = c_i - c + (x - y_i)/(K lr): round 3 starts from round 2's c_i, so they differ but stay close in scale
+    assert not all(np.array_equal(c2[k], c3[k]) for k in c2)
+    final = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["state"]
+    assert any(np.abs(v).sum() > 0 for v in final["control"].values())
+
+
+def test_feddyn_gradient_state_persists(run_tiny):
+    _, run_dir = run_tiny(**{"algorithm.name": "feddyn", "rounds": 2})
+    g2 = client_state(run_dir, 0, 2)["grad"]
+    g1 = client_state(run_dir, 0, 1)["grad"]
+    assert any(np.abs(v).sum() > 0 for v in g1.values())
+    assert not all(np.array_equal(g1[k], g2[k]) for k in g1)
+    final = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["state"]
+    assert any(np.abs(v).sum() > 0 for v in final["h"].values())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco"])
+def test_every_algorithm_learns(run_tiny, name):
+    summary, run_dir = run_tiny(**{"algorithm.name": name, "rounds": 3, "model.width": 16,
+                                   "partition.alpha": 0.1})
+    accuracy = server_values(run_dir)
+    assert summary["final_accuracy"] > 0.25, accuracy     # chance is 0.1
+    assert max(accuracy[1:]) > accuracy[0], accuracy

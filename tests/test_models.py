@@ -1,0 +1,106 @@
+"""Tests for raysim.models: parameter counts, shapes, the embed/classifier contract, errors."""
+
+import pytest
+import torch
+from torch import nn
+
+from raysim.errors import RaysimError
+from raysim.models import MODEL_NAMES, NORMS, build_model, describe_models
+
+
+def n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_convnet_param_counts_match_papers():
+    cifar = build_model("convnet", in_channels=3, num_classes=10, image_size=32)
+    assert n_params(cifar) == 320_010
+    # FedAF quotes 381,450 for the same net on 64-px, 10-class input.
+    big = build_model("convnet", in_channels=3, num_classes=10, image_size=64)
+    assert n_params(big) == 381_450
+
+
+def test_convnet_28px_grey_is_padded_to_2048_features():
+    model = build_model("convnet", in_channels=1, num_classes=10, image_size=28).eval()
+    emb = model.embed(torch.randn(2, 1, 28, 28))
+    assert emb.shape == (2, 2048)
+    assert model.classifier.in_features == 2048
+
+
+def test_other_documented_feature_dims():
+    assert build_model("mlp", in_channels=1, num_classes=10, image_size=28).features[1].in_features == 784
+    assert build_model("cnn2", in_channels=1, num_classes=10, image_size=28).classifier.in_features == 1568
+    assert build_model("cnn3", in_channels=3, num_classes=10, image_size=32).classifier.in_features == 2048
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+@pytest.mark.parametrize("channels,size,classes", [(1, 28, 10), (3, 32, 10), (3, 32, 100)])
+def test_every_model_builds_and_honours_embed_contract(name, channels, size, classes):
+    torch.manual_seed(0)
+    model = build_model(name, in_channels=channels, num_classes=classes, image_size=size)
+    assert isinstance(model.classifier, nn.Linear)
+    assert model.classifier.out_features == classes
+    x = torch.randn(2, channels, size, size)
+    # Train mode (BN with batch statistics) must run on a batch of 2 too.
+    assert model(x).shape == (2, classes)
+    model.eval()
+    with torch.no_grad():
+        logits = model(x)
+        emb = model.embed(x)
+        assert logits.shape == (2, classes)
+        assert emb.shape == (2, model.classifier.in_features)
+        assert torch.allclose(logits, model.classifier(emb), atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", NORMS)
+def test_convnet_norm_variants(norm):
+    model = build_model("convnet", in_channels=3, num_classes=10, image_size=32, norm=norm)
+    kinds = {type(m) for m in model.modules()}
+    if norm == "batchnorm":
+        assert nn.BatchNorm2d in kinds
+    elif norm == "instancenorm":
+        gn = [m for m in model.modules() if isinstance(m, nn.GroupNorm)]
+        assert len(gn) == 3 and all(m.num_groups == m.num_channels == 128 and m.affine for m in gn)
+        assert n_params(model) == 320_010  # same affine parameters as BN
+    else:
+        assert not kinds & {nn.BatchNorm2d, nn.GroupNorm}
+        assert n_params(model) == 320_010 - 3 * 256
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+def test_convnet_width_depth_and_mlp_hidden():
+    model = build_model("convnet", in_channels=3, num_classes=10, image_size=32, width=64, depth=2)
+    assert model.classifier.in_features == 64 * 8 * 8
+    mlp = build_model("mlp", in_channels=1, num_classes=10, image_size=28, hidden=32)
+    assert mlp.classifier.in_features == 32
+
+
+def test_unknown_model_raises_with_choices():
+    with pytest.raises(RaysimError) as err:
+        build_model("foo", in_channels=3, num_classes=10, image_size=32)
+    msg = str(err.value)
+    assert "\n" not in msg and "'foo'" in msg
+    assert all(name in msg for name in MODEL_NAMES)
+
+
+def test_unknown_norm_raises_with_choices():
+    with pytest.raises(RaysimError) as err:
+        build_model("convnet", in_channels=3, num_classes=10, image_size=32, norm="layernorm")
+    msg = str(err.value)
+    assert "\n" not in msg and "'layernorm'" in msg
+    assert all(norm in msg for norm in NORMS)
+
+
+def test_bad_sizes_raise_raysim_error():
+    with pytest.raises(RaysimError):
+        build_model("convnet", in_channels=3, num_classes=0, image_size=32)
+    with pytest.raises(RaysimError):  # 32 px halved 6 times is 0
+        build_model("convnet", in_channels=3, num_classes=10, image_size=32, depth=6)
+    with pytest.raises(RaysimError):
+        build_model("cnn3", in_channels=3, num_classes=10, image_size=8)
+
+
+def test_describe_models_lists_every_model_once():
+    rows = describe_models()
+    assert [name for name, _ in rows] == list(MODEL_NAMES)
+    assert all(desc and "\n" not in desc for _, desc in rows)
