@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from raysim.errors import RaysimError
@@ -34,6 +34,12 @@ def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
     section = dict(section)
     name = section.pop("name", "fedavg")
     cls = algorithm_class(str(name))
+    known = [f.name for f in fields(cls.Params)]
+    for key in section:
+        if key not in known:
+            takes = f"its parameters are {', '.join(known)}" if known else "it takes no parameters"
+            raise RaysimError(f"unknown config key 'algorithm.{key}' for algorithm '{name}': {takes} "
+                              "(see 'raysim algorithms')")
     params = build_dataclass(cls.Params, section, "algorithm")
     check = getattr(params, "validate", None)
     if check is not None:
@@ -49,4 +55,9 @@ def make_algorithm(config):
 
 
 def describe_algorithms() -> list[tuple[str, str]]:
-    return [(name, algorithm_class(name).summary) for name in REGISTRY]
+    rows = []
+    for name in REGISTRY:
+        cls = algorithm_class(name)
+        params = ", ".join(f"algorithm.{k}={v}" for k, v in asdict(cls.Params()).items())
+        rows.append((name, cls.summary + (f" [{params}]" if params else "")))
+    return rows

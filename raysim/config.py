@@ -69,6 +69,10 @@ class ResourcesConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     server_gpus: float = 0.0
+    # torch threads of the server actor (evaluation, server-side training). It works while the
+    # clients wait, so by default it uses every core of its node; the number never depends on
+    # resources.actors, which keeps results equal across actor counts.
+    server_threads: int | None = None
     # Local Ray only: CPUs and logical GPUs to start Ray with (None: all cores / 0).
     num_cpus: int | None = None
     num_gpus: int | None = None

@@ -94,9 +94,13 @@ ProgressFn = Callable[[dict[str, Any]], None]
 
 
 def run_experiment(config: Config, run_dir: Path, address: str | None = None,
-                   on_round: ProgressFn | None = None, on_start: Callable[[int], None] | None = None,
+                   on_round: ProgressFn | None = None, on_start: Callable[[int, list], None] | None = None,
                    experiment: Experiment | None = None) -> dict[str, Any]:
-    """Run (or continue) the experiment in `run_dir` and return its summary."""
+    """Run (or continue) the experiment in `run_dir` and return its summary.
+
+    `on_start(completed_rounds, client_actors)` is called once the actors are up,
+    `on_round(info)` after every round (progress bars, Tune reports, fault tests).
+    """
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -112,13 +116,13 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
         owner = assign_clients([len(idx) for idx in exp.parts], res.actors)
         train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
         state_dir = str(run_dir / "client_state")
-        actors = []
+        actors, shard_refs = [], []  # the refs stay alive here for the run: restarts read them again
         for a in range(res.actors):
-            shard = {k: exp.parts[k] for k in sorted(owner) if owner[k] == a}
+            shard_refs.append(ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}))
             actors.append(ClientActor.options(
                 num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
                 max_task_retries=res.max_task_retries, scheduling_strategy="SPREAD",
-            ).remote(config, exp.spec, [train_x, train_y], shard, exp.mean, exp.std, state_dir,
+            ).remote(config, exp.spec, [train_x, train_y, shard_refs[-1]], exp.mean, exp.std, state_dir,
                      res.gpus_per_actor))
         # The server lives on the driver's node, so the run directory is written where the user looks.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -133,7 +137,7 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
                 for i, info in enumerate(actor_info)))
             start = ray.get(server.completed_rounds.remote())
             if on_start:
-                on_start(start)
+                on_start(start, actors)
             for round_index in range(start + 1, config.rounds + 1):
                 info = ray.get(server.run_round.remote(round_index))
                 if on_round:
@@ -163,7 +167,7 @@ def run_with_progress(config: Config, run_dir: Path, address: str | None = None,
     bar = tqdm(total=config.rounds, desc=run_dir.name, unit="round", file=sys.stderr, dynamic_ncols=True)
     moved = {"bytes": 0.0}
 
-    def on_start(done: int) -> None:
+    def on_start(done: int, actors: list) -> None:
         bar.update(done)
 
     def on_round(info: dict[str, Any]) -> None:

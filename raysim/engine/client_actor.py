@@ -63,12 +63,12 @@ class ClientRuntime:
 
 @ray.remote
 class ClientActor:
-    def __init__(self, config, spec, train_refs: list, *args, **kwargs):
-        # The training set arrives as references inside a list, so Ray does not resolve them as
-        # constructor arguments; the driver holds them for the whole run, so a restarted actor
-        # fetches the same shared-memory arrays again.
-        train_x, train_y = ray.get(train_refs)
-        self.runtime = ClientRuntime(config, spec, train_x, train_y, *args, **kwargs)
+    def __init__(self, config, spec, data_refs: list, *args, **kwargs):
+        # The training set and this actor's client indices arrive as references inside a list, so
+        # Ray does not resolve them as constructor arguments; the driver holds them for the whole
+        # run, so a restarted actor fetches the same shared-memory arrays again.
+        train_x, train_y, client_indices = ray.get(data_refs)
+        self.runtime = ClientRuntime(config, spec, train_x, train_y, client_indices, *args, **kwargs)
 
     def info(self) -> dict[str, Any]:
         context = ray.get_runtime_context()

@@ -8,6 +8,7 @@ One round (paper-agnostic):
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,9 @@ class ServerRuntime:
         self.config = config
         self.run_dir = Path(run_dir)
         self.device = pick_device(config.resources.server_gpus)
-        # Fixed by the config, not by the number of actors, so server-side numerics never depend on it.
-        configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
+        # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
+        threads = config.resources.server_threads or len(os.sched_getaffinity(0))
+        configure_torch(threads, self.device, config.resources.deterministic)
         self.ctx = Context(config, spec, self.device)
         self.algorithm = make_algorithm(config)
         self.actors = actors

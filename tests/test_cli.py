@@ -1,0 +1,78 @@
+"""The command line: bad input gets one line and exit code 2; the listing commands work."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = str(ROOT / "configs/quickstart.yaml")
+
+
+def raysim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+@pytest.mark.parametrize("args, words", [
+    ([QUICK, "dataset.name=imagenet"], "unknown dataset 'imagenet'"),
+    ([QUICK, "dataset.name=mnist", "dataset.root=/no/such/folder"], "does not exist"),
+    ([QUICK, "dataset.name=cifar10"], "dataset.root must be set"),
+    ([QUICK, "partition.alpha=0"], "partition.alpha must be > 0"),
+    ([QUICK, "partition.alpha=-0.5"], "partition.alpha must be > 0"),
+    ([QUICK, "clients.num=20000", "clients.per_round=1"], "exceeds the 10000 training samples"),
+    ([QUICK, "algorithm.name=fedsgd"], "unknown algorithm 'fedsgd'"),
+    ([QUICK, "model.name=vgg"], "unknown model 'vgg'"),
+    ([QUICK, "modle.name=convnet"], "unknown config key 'modle'"),
+    ([QUICK, "local.epocs=3"], "unknown config key 'local.epocs'"),
+    ([QUICK, "algorithm.mu=0.1"], "unknown config key 'algorithm.mu'"),
+    ([QUICK, "rounds=many"], "must be an integer"),
+    (["MALFORMED"], "not valid YAML"),
+    (["/no/such/config.yaml"], "does not exist"),
+])
+def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, args, words):
+    if args == ["MALFORMED"]:
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("rounds: 5\ndataset: {name: mnist\n")
+        args = [str(bad)]
+    result = raysim("run", *args, "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert words in lines[0] and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()  # nothing half-made
+
+
+def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
+    result = raysim("run", "--resume", str(tmp_path))
+    assert result.returncode == 2 and "not a run directory" in result.stderr
+
+
+def test_listings():
+    algorithms = raysim("algorithms")
+    assert algorithms.returncode == 0
+    for name in ("fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco"):
+        assert name in algorithms.stdout
+    datasets = raysim("datasets")
+    assert datasets.returncode == 0
+    for name in ("embedded", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet",
+                 "convnet", "resnet18"):
+        assert name in datasets.stdout
+
+
+def test_partition_prints_counts_and_draws_the_bubble_chart(tmp_path):
+    png = tmp_path / "partition.png"
+    result = raysim("partition", QUICK, "partition.alpha=0.1", "--plot", str(png))
+    assert result.returncode == 0, result.stderr
+    assert "10000" in result.stdout.replace(",", "")
+    assert png.stat().st_size > 1000
+
+
+def test_report_folds_seeds(run_tiny, tmp_path):
+    runs = [run_tiny(seed=s)[1] for s in (0, 1)]
+    result = raysim("report", *map(str, runs))
+    assert result.returncode == 0, result.stderr
+    assert "+-" in result.stdout and "fedavg" in result.stdout
+    assert result.stdout.splitlines()[2].split()[2] == "2"  # one row: 2 seeds

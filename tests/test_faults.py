@@ -1,0 +1,87 @@
+"""Faults: a killed actor restarts and its lost client tasks re-run; a killed run resumes exactly."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+from tests.conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def server_rows(run_dir, metrics=("accuracy", "loss", "bytes_up", "bytes_down")):
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    return [(r["round"], r["metric"], r["value"]) for r in rows if r["client"] is None and r["metric"] in metrics]
+
+
+def test_killed_actor_restarts_and_its_tasks_rerun(ray_session, tmp_path):
+    import ray
+
+    from raysim.config import load_config
+    from raysim.runner import run_experiment
+
+    overrides = tiny_overrides(**{"rounds": 3, "algorithm.name": "scaffold", "local.epochs": 2})
+    config = load_config(ROOT / "configs/quickstart.yaml", overrides)
+    clean = tmp_path / "clean"
+    run_experiment(config, clean)
+
+    state = {"actors": None, "killed": 0, "thread": None}
+
+    def kill_first_actor_soon():
+        time.sleep(0.3)
+        ray.kill(state["actors"][0], no_restart=False)  # dies mid-task; Ray restarts it
+        state["killed"] += 1
+
+    def on_round(info):
+        if info["round"] == 1:  # round 2 is being submitted right after this returns
+            state["thread"] = threading.Thread(target=kill_first_actor_soon)
+            state["thread"].start()
+
+    faulty = tmp_path / "faulty"
+    run_experiment(config, faulty, on_start=lambda start, actors: state.update(actors=actors),
+                   on_round=on_round)
+    state["thread"].join()
+    assert state["killed"] == 1
+    assert server_rows(faulty) == server_rows(clean)
+
+
+def test_sigkilled_run_resumes_to_the_same_numbers(ray_session, tmp_path):
+    from raysim.config import load_config
+    from raysim.runner import run_experiment
+
+    overrides = tiny_overrides(**{"rounds": 5, "algorithm.name": "scaffold", "output.tensorboard": True})
+    config = load_config(ROOT / "configs/quickstart.yaml", overrides)
+    uninterrupted = tmp_path / "uninterrupted"
+    run_experiment(config, uninterrupted)
+
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "configs/quickstart.yaml"), *overrides,
+           "--out", str(run_dir)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    checkpoint = run_dir / "checkpoints/last.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= 2:
+            break
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
+    proc.wait()
+    done = torch.load(checkpoint, weights_only=False)["round"]
+    assert 2 <= done < 5
+
+    resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "5 rounds" in resumed.stdout
+    assert server_rows(run_dir) == server_rows(uninterrupted)
