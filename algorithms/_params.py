@@ -27,3 +27,8 @@ def batchnorm_keys(model: torch.nn.Module) -> set[str]:
         if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
             keys.update(f"{prefix}.{k}" if prefix else k for k in module.state_dict())
     return keys
+
+
+def squared_distance(model: torch.nn.Module, anchor: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """||w - anchor||^2 over the trainable parameters (FedProx's and FedDyn's proximal term)."""
+    return sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())

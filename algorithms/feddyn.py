@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from algorithms._params import as_tensors, param_names, zeros_like_params
+from algorithms._params import as_tensors, param_names, squared_distance, zeros_like_params
 from algorithms.fedavg import FedAvg
 from raysim.errors import RaysimError
 from raysim.tensors import weighted_average
@@ -43,8 +43,7 @@ class FedDyn(FedAvg):
 
         def loss_fn(model, x, y):
             linear = sum((p * g[n]).sum() for n, p in model.named_parameters())
-            prox = sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
-            return cross_entropy_loss(model, x, y) - linear + 0.5 * alpha * prox
+            return cross_entropy_loss(model, x, y) - linear + 0.5 * alpha * squared_distance(model, anchor)
         return loss_fn
 
     def after_training(self, model, payload, client, ctx, steps):

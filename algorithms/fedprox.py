@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from algorithms._params import as_tensors, param_names
+from algorithms._params import as_tensors, param_names, squared_distance
 from algorithms.fedavg import FedAvg
 from raysim.errors import RaysimError
 from raysim.training import cross_entropy_loss
@@ -29,6 +29,5 @@ class FedProx(FedAvg):
         mu = self.params.mu
 
         def loss_fn(model, x, y):
-            prox = sum(((p - anchor[n]) ** 2).sum() for n, p in model.named_parameters())
-            return cross_entropy_loss(model, x, y) + 0.5 * mu * prox
+            return cross_entropy_loss(model, x, y) + 0.5 * mu * squared_distance(model, anchor)
         return loss_fn
