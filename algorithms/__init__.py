@@ -17,6 +17,8 @@ REGISTRY: dict[str, str] = {
     "feddyn": "algorithms.feddyn:FedDyn",
     "fedbn": "algorithms.fedbn:FedBN",
     "feddisco": "algorithms.feddisco:FedDisco",
+    "feddm": "algorithms.feddm:FedDM",
+    "fedaf": "algorithms.fedaf:FedAF",
 }
 
 

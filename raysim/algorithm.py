@@ -41,6 +41,8 @@ class Context:
     config: Config
     spec: ModelSpec
     device: torch.device
+    mean: np.ndarray | None = None  # per-channel normalisation of the data (to turn images into pixels)
+    std: np.ndarray | None = None
     _scratch: dict[str, torch.nn.Module] = field(default_factory=dict)
 
     @property
@@ -109,6 +111,15 @@ class Algorithm:
     def global_weights(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
         """The weights evaluated on the test split."""
         return state["weights"]
+
+    def images(self, state: dict[str, Any], ctx: Context) -> dict[str, tuple[np.ndarray, int]]:
+        """Pictures for TensorBoard this round: tag -> (float [0, 1] images (N, C, H, W), images per row)."""
+        return {}
+
+    def upload_bytes(self, message: dict[str, Any]) -> int | None:
+        """Bytes a client's message costs, when the paper fixes the accounting (None: measure the
+        serialised message, which is what crosses the object store)."""
+        return None
 
     # ------------------------------------------------------------- client side
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")
-    bench.add_argument("which", choices=["overhead"])
+    bench.add_argument("which", choices=["overhead", "condense"])
     bench.add_argument("extra", nargs="*", help="key=value options of the benchmark")
     bench.set_defaults(func=_cmd_bench)
     return parser

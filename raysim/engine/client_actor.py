@@ -37,7 +37,7 @@ class ClientRuntime:
         self.device = pick_device(gpus)
         configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
         self.algorithm = make_algorithm(config)
-        self.ctx = Context(config, spec, self.device)
+        self.ctx = Context(config, spec, self.device, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for client, idx in client_indices.items():
             y = np.asarray(train_y[idx], dtype=np.int64)
@@ -56,8 +56,10 @@ class ClientRuntime:
                           generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client))
         message = self.algorithm.client_update(payload, data, self.ctx)
         self.states.save(client, round_index, data.state)
+        bytes_up = self.algorithm.upload_bytes(message)
         return {"client": client, "num_samples": data.num_samples, "message": message,
-                "metrics": dict(data.metrics), "bytes_up": serialized_nbytes(message),
+                "metrics": dict(data.metrics),
+                "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
                 "seconds": time.perf_counter() - start}
 
 

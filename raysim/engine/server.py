@@ -42,7 +42,7 @@ class ServerRuntime:
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         configure_torch(threads, self.device, config.resources.deterministic)
-        self.ctx = Context(config, spec, self.device)
+        self.ctx = Context(config, spec, self.device, mean, std)
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
@@ -121,6 +121,8 @@ class ServerRuntime:
             self.metrics.add(round_index, None, name, value)
         self.metrics.flush()
         if self.tensorboard:
+            for tag, (images, per_row) in self.algorithm.images(self.state, self.ctx).items():
+                self.tensorboard.image_grid(tag, images, round_index, nrow=per_row)
             self.tensorboard.scalars(round_index, {
                 ("test/" if name in ("accuracy", "loss") else "comm/" if name.startswith("bytes")
                  else "time/" if name.startswith("time") else "round/") + name: value

@@ -22,6 +22,14 @@ class TensorBoardLogger:
     def image(self, tag: str, image_chw: np.ndarray, step: int) -> None:
         self.writer.add_image(tag, image_chw, step)
 
+    def image_grid(self, tag: str, images: np.ndarray, step: int, nrow: int | None = None) -> None:
+        """Images (N, C, H, W) in [0, 1] as one grid picture (nrow per row: e.g. images per class)."""
+        import torch
+        from torchvision.utils import make_grid
+
+        grid = make_grid(torch.as_tensor(np.asarray(images, dtype=np.float32)), nrow=nrow or 10, padding=1)
+        self.writer.add_image(tag, grid.numpy(), step)
+
     def flush(self) -> None:
         self.writer.flush()
 

@@ -1,0 +1,171 @@
+"""What FedDM and FedAF share: clients condense their data by distribution matching and upload the
+condensed sets; the server trains the global model on the union of them.
+
+Subclasses choose the model that each condensation step matches through
+(`matching_model`), add loss terms (`extra_condensation_loss`, `server_extra_loss`)
+and decide whether a client's set persists between rounds (`initial_set`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.algorithm import Algorithm, ClientData, Context, Reply
+from raysim.condense.augment import DSA
+from raysim.condense.matching import dm_loss
+from raysim.condense.synthetic import dequantize, init_synthetic, quantize, to_pixels, train_on_synthetic
+from raysim.errors import RaysimError
+from raysim.seeding import SERVER, torch_generator
+from raysim.tensors import load_weights, module_weights
+
+PREVIEW_PER_CLASS = 10  # condensed images per class kept for the TensorBoard grid
+
+
+@dataclass
+class CondensationParams:
+    ipc: int = 50                 # condensed images per class
+    steps: int = 1000             # condensation iterations per round
+    image_lr: float = 1.0
+    image_momentum: float = 0.9
+    real_batch: int = 256         # real images per class per step
+    init: str = "real"            # real | average | noise
+    init_average_of: int = 10     # images averaged per initial image (init=average)
+    dsa: bool = True              # differentiable siamese augmentation while matching
+    server_epochs: int = 500
+    server_batch: int = 256
+    server_lr: float = 0.001
+    server_momentum: float = 0.9
+    server_dsa: bool = True       # augment condensed images while the server trains on them
+    quantize_uint8: bool = False  # send images as uint8 pixels (they are counted as 1 byte either way)
+
+    def validate(self):
+        for name in ("ipc", "steps", "real_batch", "server_batch", "init_average_of"):
+            if getattr(self, name) < 1:
+                raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
+        if self.server_epochs < 0:
+            raise RaysimError(f"algorithm.server_epochs must be >= 0, got {self.server_epochs}")
+        if self.init not in ("real", "average", "noise"):
+            raise RaysimError(f"algorithm.init must be real, average or noise, got '{self.init}'")
+
+
+def frozen(model: torch.nn.Module) -> torch.nn.Module:
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+class CondensedDataAlgorithm(Algorithm):
+    match_logits = False
+
+    # ------------------------------------------------------------- client
+    def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
+        p = self.params
+        started = time.perf_counter()
+        classes = [c for c in range(ctx.num_classes) if client.label_counts[c] > 0]
+        real = [client.x[client.y == c] for c in classes]
+        message = self.before_condensation(payload, client, ctx, classes, real)
+        syn = self.initial_set(client, classes, real, ctx).requires_grad_(True)
+        optimizer = torch.optim.SGD([syn], lr=p.image_lr, momentum=p.image_momentum)
+        augment = DSA() if p.dsa else None
+        g = client.generator
+        for _ in range(p.steps):
+            seed = int(torch.randint(2**31 - 1, (1,), generator=g))
+            net = self.matching_model(payload, client, ctx, seed)
+            batch = [r[torch.randperm(len(r), generator=g)[:p.real_batch].to(r.device)] for r in real]
+            loss = dm_loss(net, batch, list(syn), augment, seed, match_logits=self.match_logits)
+            loss = loss + self.extra_condensation_loss(payload, syn, classes, client, ctx, seed)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.clip_image_grad(syn)
+            optimizer.step()
+        client.metrics["condense_loss"] = float(loss.detach())
+        client.metrics["time_condense_s"] = time.perf_counter() - started
+        self.after_condensation(syn.detach(), client)
+        flat = syn.detach().reshape(-1, *syn.shape[2:])
+        images = quantize(flat, ctx.mean, ctx.std) if p.quantize_uint8 else flat.cpu().numpy().astype(np.float32)
+        message.update({"classes": np.asarray(classes, dtype=np.int64), "images": images})
+        return message
+
+    def initial_set(self, client: ClientData, classes, real, ctx) -> torch.Tensor:
+        """(len(classes), ipc, C, H, W) starting images."""
+        p = self.params
+        return torch.stack([init_synthetic(r, p.ipc, client.generator, p.init, p.init_average_of) for r in real])
+
+    def before_condensation(self, payload, client, ctx, classes, real) -> dict[str, Any]:
+        return {}
+
+    def after_condensation(self, syn: torch.Tensor, client: ClientData) -> None:
+        pass
+
+    def matching_model(self, payload, client, ctx, seed: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def extra_condensation_loss(self, payload, syn, classes, client, ctx, seed) -> torch.Tensor | float:
+        return 0.0
+
+    def clip_image_grad(self, syn: torch.Tensor) -> None:
+        pass
+
+    def upload_bytes(self, message: dict[str, Any]) -> int:
+        """FedAF's Appendix C: one byte per pixel and channel, everything else float32."""
+        extras = sum(np.asarray(v).size * 4 for k, v in message.items() if k not in ("images", "classes"))
+        return int(np.asarray(message["images"]).size + extras)
+
+    # ------------------------------------------------------------- server
+    def server_init(self, model, ctx):
+        return {"weights": module_weights(model)}
+
+    def broadcast(self, state, round_index):
+        return {"weights": state["weights"]}
+
+    def gather(self, replies: list[Reply], ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        """The union of all condensed sets as normalised images and labels, in client order."""
+        xs, ys = [], []
+        for reply in replies:
+            images, classes = reply.message["images"], reply.message["classes"]
+            x = (dequantize(images, ctx.mean, ctx.std, ctx.device) if images.dtype == np.uint8
+                 else torch.from_numpy(np.array(images)).to(ctx.device))
+            xs.append(x)
+            ys.append(torch.from_numpy(np.repeat(classes, len(x) // len(classes))).to(ctx.device))
+        return torch.cat(xs), torch.cat(ys)
+
+    def server_update(self, state, replies, round_index, ctx):
+        p = self.params
+        state = self.aggregate_knowledge(dict(state), replies, ctx)
+        x, y = self.gather(replies, ctx)
+        model = ctx.model("server")
+        load_weights(model, state["weights"])
+        train_on_synthetic(model, x, y, p.server_epochs, p.server_batch, p.server_lr, p.server_momentum,
+                           torch_generator(self.config.seed, SERVER, round_index),
+                           augment=DSA() if p.server_dsa else None,
+                           extra_loss=self.server_extra_loss(state, ctx))
+        state["weights"] = module_weights(model)
+        state["preview"] = self.preview(x, y, ctx)
+        return state
+
+    def aggregate_knowledge(self, state, replies, ctx):
+        return state
+
+    def server_extra_loss(self, state, ctx):
+        return None
+
+    def preview(self, x: torch.Tensor, y: torch.Tensor, ctx: Context) -> np.ndarray:
+        """Up to PREVIEW_PER_CLASS condensed images of every class present, as uint8, class by class."""
+        rows = []
+        for c in torch.unique(y).tolist():
+            xc = x[y == c][:PREVIEW_PER_CLASS]
+            pad = PREVIEW_PER_CLASS - len(xc)
+            pixels = quantize(xc, ctx.mean, ctx.std)
+            if pad:
+                pixels = np.concatenate([pixels, np.zeros((pad, *pixels.shape[1:]), np.uint8)])
+            rows.append(pixels)
+        return np.concatenate(rows)
+
+    def images(self, state, ctx):
+        if "preview" not in state:
+            return {}
+        return {"condensed/images_per_class": (to_pixels(state["preview"], ctx.mean, ctx.std), PREVIEW_PER_CLASS)}

@@ -1,0 +1,84 @@
+"""Condensed sets: initialisation, uint8 transport, and training a model on them."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from raysim.condense.augment import DSA
+
+
+def init_synthetic(real: torch.Tensor, ipc: int, generator: torch.Generator, mode: str = "real",
+                   average_of: int = 10) -> torch.Tensor:
+    """`ipc` initial images for one class from its real images (n, C, H, W).
+
+    real:    ipc distinct random real images (with replacement if n < ipc);
+    average: each the mean of `average_of` random real images (FedAF's class-wise averages);
+    noise:   standard normal pixels (in normalised space).
+    """
+    n = len(real)
+    if mode == "noise":
+        return torch.randn((ipc, *real.shape[1:]), generator=generator).to(real.device)
+    if mode == "real":
+        idx = torch.randperm(n, generator=generator)[:ipc] if n >= ipc else torch.randint(n, (ipc,), generator=generator)
+        return real[idx.to(real.device)].clone()
+    if mode == "average":
+        k = max(1, min(average_of, n))
+        idx = torch.stack([torch.randperm(n, generator=generator)[:k] for _ in range(ipc)])
+        return real[idx.to(real.device)].mean(1)
+    raise ValueError(f"unknown initialisation '{mode}': use real, average or noise")
+
+
+def quantize(images: torch.Tensor, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Normalised float images (N, C, H, W) -> uint8 pixels: one byte per pixel and channel."""
+    m = torch.as_tensor(mean, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=images.dtype, device=images.device).view(1, -1, 1, 1)
+    pixels = (images.detach() * s + m).clamp(0, 1).mul(255).round()
+    return pixels.to(torch.uint8).cpu().numpy()
+
+
+def dequantize(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray, device: torch.device) -> torch.Tensor:
+    x = torch.from_numpy(np.array(pixels)).to(device).float().div_(255)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=device).view(1, -1, 1, 1)
+    return (x - m) / s
+
+
+def to_pixels(images: torch.Tensor | np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """Images as float [0, 1] (N, C, H, W) for pictures, whatever form they travel in."""
+    if isinstance(images, np.ndarray) and images.dtype == np.uint8:
+        return images.astype(np.float32) / 255
+    images = torch.as_tensor(np.asarray(images)) if isinstance(images, np.ndarray) else images
+    return quantize(images.float(), mean, std).astype(np.float32) / 255
+
+
+ExtraLoss = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def train_on_synthetic(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int,
+                       lr: float, momentum: float, generator: torch.Generator, augment: DSA | None = None,
+                       extra_loss: ExtraLoss | None = None, weight_decay: float = 0.0) -> float:
+    """Cross-entropy training on a condensed set (+ `extra_loss(model, xb, yb, logits)`); returns the last epoch's loss."""
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    last = 0.0
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator).to(y.device)
+        total, batches = 0.0, 0
+        for start in range(0, len(y), batch_size):
+            idx = order[start:start + batch_size]
+            xb, yb = x[idx], y[idx]
+            if augment is not None:
+                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            logits = model(xb)
+            loss = F.cross_entropy(logits, yb)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model, xb, yb, logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total, batches = total + float(loss.detach()), batches + 1
+        last = total / max(batches, 1)
+    return last

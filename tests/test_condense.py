@@ -1,0 +1,130 @@
+"""Condensation building blocks: DSA, DM loss, SWD, model re-sampling, uint8 transport."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.condense.augment import DSA, FAMILIES
+from raysim.condense.matching import class_mean_logits, dm_loss, soft_labels, symmetric_kl
+from raysim.condense.models import perturb_model, resample_model
+from raysim.condense.synthetic import dequantize, init_synthetic, quantize
+from raysim.condense.wasserstein import sliced_wasserstein
+from raysim.models import build_model
+from raysim.tensors import module_weights
+
+
+def small_convnet(norm="batchnorm"):
+    torch.manual_seed(0)
+    return build_model("convnet", in_channels=3, num_classes=4, image_size=16, width=8, depth=2, norm=norm)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_dsa_is_siamese_and_differentiable(family):
+    dsa = DSA(families=(family,))
+    a = torch.randn(5, 3, 16, 16, requires_grad=True)
+    b = torch.randn(3, 3, 16, 16)
+    joint = dsa(torch.cat([a, b]), seed=7)
+    # the same seed gives the same transform to every image, in one batch or two
+    torch.testing.assert_close(joint[:5], dsa(a, seed=7))
+    torch.testing.assert_close(joint[5:], dsa(b, seed=7))
+    joint[:5].sum().backward()
+    assert a.grad is not None and torch.isfinite(a.grad).all()
+
+
+def test_dsa_draws_differ_between_seeds():
+    dsa = DSA()
+    x = torch.randn(4, 3, 16, 16)
+    outputs = {round(float(dsa(x, seed=s).sum()), 3) for s in range(12)}
+    assert len(outputs) > 3
+
+
+def test_batched_dm_loss_equals_the_per_class_loop_without_augmentation():
+    model = small_convnet(norm="instancenorm").train()
+    real = [torch.randn(6, 3, 16, 16) for _ in range(3)]
+    syn = torch.randn(3, 2, 3, 16, 16, requires_grad=True)
+    batched = dm_loss(model, real, list(syn), batched=True, match_logits=True)
+    looped = dm_loss(model, real, list(syn), batched=False, match_logits=True)
+    torch.testing.assert_close(batched, looped, rtol=1e-4, atol=1e-5)
+    batched.backward()
+    assert syn.grad.abs().sum() > 0
+
+
+def test_dm_loss_is_zero_when_sets_coincide():
+    model = small_convnet(norm="instancenorm").eval()
+    real = [torch.randn(4, 3, 16, 16) for _ in range(2)]
+    assert float(dm_loss(model, real, [r.clone() for r in real])) < 1e-8
+
+
+def test_sliced_wasserstein():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 8, generator=g)
+    assert float(sliced_wasserstein(x, x.clone(), generator=torch.Generator().manual_seed(1))) < 1e-5
+    shifted = sliced_wasserstein(x, x + 3.0, num_projections=256, generator=torch.Generator().manual_seed(1))
+    # a shift by 3 in each of 8 coordinates has length 3*sqrt(8); projected on random unit directions
+    # its RMS is |shift| / sqrt(d) = 3
+    assert abs(float(shifted) - 3.0) < 0.6
+    y = torch.randn(30, 8, generator=g, requires_grad=True)
+    sliced_wasserstein(x, y).backward()
+    assert y.grad.abs().sum() > 0
+    one = torch.zeros(1, 4)
+    other = torch.tensor([[2.0, 0, 0, 0]])
+    single = sliced_wasserstein(one, other, num_projections=4096, generator=torch.Generator().manual_seed(2))
+    assert abs(float(single) - 2.0 / math.sqrt(4)) < 0.1
+
+
+def test_model_resampling_interpolates_between_global_and_random():
+    model, scratch = small_convnet(), small_convnet()
+    torch.manual_seed(5)
+    global_weights = module_weights(build_model("convnet", in_channels=3, num_classes=4, image_size=16,
+                                                width=8, depth=2))
+    resample_model(model, scratch, global_weights, gamma=1.0, seed=3)
+    for name, p in model.state_dict().items():
+        np.testing.assert_array_equal(p.numpy(), global_weights[name])
+    a = module_weights(resample_model(model, scratch, global_weights, gamma=0.0, seed=3))
+    b = module_weights(resample_model(model, scratch, global_weights, gamma=0.0, seed=3))
+    c = module_weights(resample_model(model, scratch, global_weights, gamma=0.0, seed=4))
+    name = "classifier.weight"
+    np.testing.assert_array_equal(a[name], b[name])          # deterministic in the seed
+    assert not np.array_equal(a[name], c[name])
+    assert not np.array_equal(a[name], global_weights[name])
+    half = module_weights(resample_model(model, scratch, global_weights, gamma=0.5, seed=3))
+    np.testing.assert_allclose(half[name], 0.5 * global_weights[name] + 0.5 * a[name], rtol=1e-5, atol=1e-6)
+
+
+def test_feddm_perturbation_lies_at_distance_rho():
+    model = small_convnet()
+    base = module_weights(model)
+    perturb_model(model, base, rho=5.0, generator=torch.Generator().manual_seed(0))
+    moved = module_weights(model)
+    names = [n for n, _ in model.named_parameters()]
+    distance = math.sqrt(sum(float(((moved[n] - base[n]) ** 2).sum()) for n in names))
+    assert abs(distance - 5.0) < 1e-3
+
+
+def test_uint8_round_trip_and_initialisation():
+    mean, std = np.array([0.5, 0.4, 0.3], np.float32), np.array([0.2, 0.25, 0.3], np.float32)
+    x = (torch.rand(4, 3, 8, 8) - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    q = quantize(x, mean, std)
+    assert q.dtype == np.uint8 and q.shape == (4, 3, 8, 8)
+    back = dequantize(q, mean, std, torch.device("cpu"))
+    assert float((back - x).abs().max()) <= 0.5 / 255 / std.min() + 1e-5
+    real = torch.randn(30, 3, 8, 8)
+    g = torch.Generator().manual_seed(0)
+    for mode in ("real", "average", "noise"):
+        assert init_synthetic(real, 5, g, mode).shape == (5, 3, 8, 8)
+    assert init_synthetic(real[:2], 5, g, "real").shape == (5, 3, 8, 8)  # fewer real images than IPC
+
+
+def test_class_mean_logits_and_soft_labels():
+    model = small_convnet().eval()
+    x, y = torch.randn(10, 3, 16, 16), torch.tensor([0, 0, 1, 1, 1, 3, 3, 3, 3, 0])
+    means, counts = class_mean_logits(model, x, y, 4, batch_size=3)
+    with torch.no_grad():
+        torch.testing.assert_close(means[1], model(x[y == 1]).mean(0))
+    assert means[2].abs().sum() == 0 and counts.tolist() == [3, 3, 0, 4]
+    p = soft_labels(means, 2.0)
+    torch.testing.assert_close(p.sum(1), torch.ones(4))
+    assert float(symmetric_kl(p, p)) < 1e-6 and float(symmetric_kl(p, soft_labels(means, 0.5))) > 0
