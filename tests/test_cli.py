@@ -53,7 +53,7 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
 def test_listings():
     algorithms = raysim("algorithms")
     assert algorithms.returncode == 0
-    for name in ("fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco"):
+    for name in ("fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco", "feddm", "fedaf"):
         assert name in algorithms.stdout
     datasets = raysim("datasets")
     assert datasets.returncode == 0

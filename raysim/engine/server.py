@@ -83,9 +83,12 @@ class ServerRuntime:
         pending = {self.actors[self.client_actor[k]].run_client.remote(payload_ref, round_index, k): k
                    for k in sampled}
         results: dict[int, dict[str, Any]] = {}
+        fetch = 0.0  # time spent moving finished replies out of the object store (the upload)
         while pending:  # consume results as they finish
             done, _ = ray.wait(list(pending), num_returns=1)
+            t = time.perf_counter()
             results[pending.pop(done[0])] = ray.get(done[0])
+            fetch += time.perf_counter() - t
         del payload_ref
         t2 = time.perf_counter()
 
@@ -102,7 +105,7 @@ class ServerRuntime:
 
         bytes_up = sum(results[k]["bytes_up"] for k in sampled)
         values.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "participants": len(sampled),
-                       "time_broadcast_s": t1 - t0, "time_clients_s": t2 - t1,
+                       "time_broadcast_s": t1 - t0, "time_clients_s": t2 - t1, "time_fetch_s": fetch,
                        "time_server_update_s": t3 - t2, "time_eval_s": t4 - t3})
         for k in sampled:
             self.metrics.add(round_index, k, "bytes_up", results[k]["bytes_up"])
