@@ -84,7 +84,7 @@ class CondensedDataAlgorithm(Algorithm):
             optimizer.step()
         client.metrics["condense_loss"] = float(loss.detach())
         client.metrics["time_condense_s"] = time.perf_counter() - started
-        self.after_condensation(syn.detach(), client)
+        self.after_condensation(syn.detach(), client, classes)
         flat = syn.detach().reshape(-1, *syn.shape[2:])
         images = quantize(flat, ctx.mean, ctx.std) if p.quantize_uint8 else flat.cpu().numpy().astype(np.float32)
         message.update({"classes": np.asarray(classes, dtype=np.int64), "images": images})
@@ -98,7 +98,7 @@ class CondensedDataAlgorithm(Algorithm):
     def before_condensation(self, payload, client, ctx, classes, real) -> dict[str, Any]:
         return {}
 
-    def after_condensation(self, syn: torch.Tensor, client: ClientData) -> None:
+    def after_condensation(self, syn: torch.Tensor, client: ClientData, classes: list[int]) -> None:
         pass
 
     def matching_model(self, payload, client, ctx, seed: int) -> torch.nn.Module:

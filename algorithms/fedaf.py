@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from algorithms._condensed import CondensationParams, CondensedDataAlgorithm, frozen
 from raysim.condense.matching import class_mean_logits, soft_labels, symmetric_kl
@@ -117,9 +116,9 @@ class FedAF(CondensedDataAlgorithm):
             return client.state["syn"].to(ctx.device).clone()
         return super().initial_set(client, classes, real, ctx)
 
-    def after_condensation(self, syn, client):
+    def after_condensation(self, syn, client, classes):
         client.state["syn"] = syn.cpu()
-        client.state["classes"] = [int(c) for c in torch.as_tensor(client.label_counts).nonzero().flatten()]
+        client.state["classes"] = list(classes)
 
     def matching_model(self, payload, client, ctx, seed):
         net = frozen(ctx.model("match"))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 
 from algorithms._params import as_tensors, param_names, squared_distance
 from algorithms.fedavg import FedAvg
