@@ -1,4 +1,4 @@
-"""The `raysim` command: run, partition, report, bench, algorithms, datasets."""
+"""The `raysim` command: run, tune, partition, report, bench, algorithms, datasets."""
 from __future__ import annotations
 
 import argparse
@@ -36,6 +36,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'",
               file=sys.stderr)
         return 130
+    except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
+        from ray.exceptions import RayError
+        if not isinstance(exc, RayError):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RaysimError(f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are "
+                          f"kept: continue with 'raysim run --resume {run_dir}'") from None
     return 0
 
 
@@ -87,6 +94,27 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from raysim.sweep import load_sweep
+    from raysim.tuning import resume_sweep, run_sweep
+
+    if args.resume:
+        if args.sweep:
+            raise RaysimError("give either SWEEP.yaml or --resume DIR, not both")
+        resume_sweep(Path(args.resume), args.address)
+        return 0
+    if not args.sweep:
+        raise RaysimError("no sweep given: raysim tune SWEEP.yaml --out DIR (try configs/sweeps/cpu.yaml)")
+    if not args.out:
+        raise RaysimError("raysim tune needs --out DIR: the sweep's trials, table and best.yaml go there")
+    out = Path(args.out)
+    if (out / "sweep.yaml").exists():
+        raise RaysimError(f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' "
+                          "or choose another --out")
+    run_sweep(load_sweep(args.sweep, args.overrides), out, args.address)
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from raysim import bench
 
@@ -117,6 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
+
+    tune = sub.add_parser("tune", help="a Ray Tune sweep over config keys (see configs/sweeps/)")
+    tune.add_argument("sweep", nargs="?", help="sweep YAML (e.g. configs/sweeps/cpu.yaml)")
+    tune.add_argument("overrides", nargs="*", help="key.sub=value overrides of the base config")
+    tune.add_argument("--out", help="sweep directory: trials, trials.parquet, best.yaml")
+    tune.add_argument("--resume", metavar="DIR", help="continue the interrupted sweep in DIR")
+    tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    tune.set_defaults(func=_cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")
     bench.add_argument("which", choices=["overhead", "condense"])

@@ -65,7 +65,9 @@ class LocalConfig:
 
 @dataclass
 class ResourcesConfig:
-    actors: int = 2
+    # Client actors; None ('auto' in YAML) = as many as the cluster's CPUs (and GPUs) hold at
+    # cpus_per_actor (gpus_per_actor) each, at most one per client. Results never depend on it.
+    actors: int | None = None
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     server_gpus: float = 0.0
@@ -252,6 +254,9 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     algorithm = tree.pop("algorithm", None) or {}
     if not isinstance(algorithm, dict):
         raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
+    resources = tree.get("resources")
+    if isinstance(resources, dict) and resources.get("actors") == "auto":
+        tree["resources"] = {**resources, "actors": None}
     config = build_dataclass(Config, tree, "")
     # Imported here: the algorithm registry imports torch, which config parsing should not need.
     from algorithms import resolve_params
@@ -274,7 +279,8 @@ def validate(config: Config) -> None:
          f"clients.per_round={per} exceeds clients.num={config.clients.num}: lower it or use a fraction like 0.4")
     need(config.partition.alpha > 0,
          f"partition.alpha must be > 0, got {config.partition.alpha}: use e.g. 0.1 (skewed) to 100 (near IID)")
-    need(config.resources.actors >= 1, f"resources.actors must be >= 1, got {config.resources.actors}")
+    need(config.resources.actors is None or config.resources.actors >= 1,
+         f"resources.actors must be >= 1 or auto, got {config.resources.actors}")
     need(config.resources.cpus_per_actor > 0,
          f"resources.cpus_per_actor must be > 0, got {config.resources.cpus_per_actor}")
     need(config.resources.gpus_per_actor >= 0, "resources.gpus_per_actor must be >= 0")

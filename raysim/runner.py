@@ -90,6 +90,17 @@ def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
     return load_config(run_dir / CONFIG_FILE, overrides)
 
 
+def client_placement():
+    """Inside a Tune trial, the bundles the trial reserved for its client actors; otherwise spread them."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = ray.util.get_current_placement_group()
+    if group is None:
+        return "SPREAD"
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=-1)
+
+
 ProgressFn = Callable[[dict[str, Any]], None]
 
 
@@ -105,23 +116,27 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from raysim.engine.client_actor import ClientActor
-    from raysim.engine.ray_session import check_resources, ray_session
+    from raysim.engine.ray_session import check_resources, plan_actors, ray_session
     from raysim.engine.server import ServerActor
 
     exp = experiment or prepare(config)
     write_text(run_dir / CONFIG_FILE, dump_config(config))
     res = config.resources
     with ray_session(res, address):
-        check_resources(res)
-        owner = assign_clients([len(idx) for idx in exp.parts], res.actors)
+        num_actors, planned = plan_actors(res, config.clients.num)
+        if planned:
+            print(planned, file=sys.stderr)
+        check_resources(res, num_actors)
+        owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
         train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
         state_dir = str(run_dir / "client_state")
         actors, shard_refs = [], []  # the refs stay alive here for the run: restarts read them again
-        for a in range(res.actors):
+        placement = client_placement()
+        for a in range(num_actors):
             shard_refs.append(ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}))
             actors.append(ClientActor.options(
                 num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
-                max_task_retries=res.max_task_retries, scheduling_strategy="SPREAD",
+                max_task_retries=res.max_task_retries, scheduling_strategy=placement,
             ).remote(config, exp.spec, [train_x, train_y, shard_refs[-1]], exp.mean, exp.std, state_dir,
                      res.gpus_per_actor))
         # The server lives on the driver's node, so the run directory is written where the user looks.

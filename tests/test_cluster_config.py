@@ -12,3 +12,11 @@ def test_cluster_yaml_is_valid_for_the_ray_launcher():
     assert config["provider"]["type"] == "aws"
     workers = config["available_node_types"]["gpu_worker"]
     assert workers["min_workers"] < workers["max_workers"]
+
+
+def test_on_premises_cluster_yaml_is_valid_for_the_ray_launcher():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster_local.yaml").read_text())
+    validate_config(prepare_config(config))
+    assert config["provider"]["type"] == "local" and config["provider"]["worker_ips"]

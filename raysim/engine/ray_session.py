@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 from contextlib import contextmanager
 from typing import Iterator
@@ -34,16 +35,37 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         ray.shutdown()
 
 
-def check_resources(resources: ResourcesConfig) -> None:
+def plan_actors(resources: ResourcesConfig, num_clients: int) -> tuple[int, str | None]:
+    """The number of client actors, and a line saying how it was chosen when it was not fixed."""
+    if resources.actors is not None:
+        return resources.actors, None
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0) - resources.server_gpus
+    fits = [math.floor(cpus / resources.cpus_per_actor + 1e-9)]
+    if resources.gpus_per_actor:
+        fits.append(math.floor(gpus / resources.gpus_per_actor + 1e-9))
+    count = min(num_clients, *fits)
+    if count < 1:
+        raise RaysimError(f"resources.actors=auto: the Ray cluster ({cpus:g} CPUs, {max(gpus, 0):g} free GPUs) "
+                          f"cannot hold one actor of {resources.cpus_per_actor:g} CPU and "
+                          f"{resources.gpus_per_actor:g} GPU: lower the per-actor share")
+    why = f"{cpus:g} CPUs / {resources.cpus_per_actor:g} per actor"
+    if resources.gpus_per_actor:
+        why += f", {gpus:g} GPUs / {resources.gpus_per_actor:g} per actor"
+    return count, f"resources.actors=auto: {count} client actors ({why}, {num_clients} clients)"
+
+
+def check_resources(resources: ResourcesConfig, actors: int | None = None) -> None:
     """Fail with one line, instead of hanging, when the actors cannot all be placed."""
     total = ray.cluster_resources()
-    wanted = {"CPU": resources.actors * resources.cpus_per_actor,
-              "GPU": resources.actors * resources.gpus_per_actor + resources.server_gpus}
+    actors = resources.actors if actors is None else actors
+    wanted = {"CPU": actors * resources.cpus_per_actor,
+              "GPU": actors * resources.gpus_per_actor + resources.server_gpus}
     for kind, need in wanted.items():
         have = total.get(kind, 0.0)
         if need > have + 1e-9:
             raise RaysimError(
-                f"the run needs {need:g} {kind}s (resources.actors={resources.actors} x "
+                f"the run needs {need:g} {kind}s (resources.actors={actors} x "
                 f"resources.{kind.lower()}s_per_actor={getattr(resources, kind.lower() + 's_per_actor'):g}"
                 + (f" + resources.server_gpus={resources.server_gpus:g}" if kind == "GPU" and resources.server_gpus else "")
                 + f") but the Ray cluster has {have:g}: lower resources.actors or the per-actor share")

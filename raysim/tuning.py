@@ -1,0 +1,225 @@
+"""`raysim tune`: a sweep as Ray Tune trials, each trial a whole simulation.
+
+Each trial reserves its client actors up front in its own placement group (an empty
+head bundle for the trial's driver, whose server actor needs no CPU, and one bundle
+per client actor), so concurrent trials can never starve each other's actors
+(RAY_NOTES: nested actors outside the trial's group can hang). The trial reports
+per-round accuracy to Tune, which drives the optional ASHA scheduler.
+
+Layout of the sweep directory DIR:
+  sweep.yaml, base.yaml   the sweep as run (what `--resume DIR` reads back)
+  runs/<trial_id>/        each trial's run directory, the usual outputs
+  tune/                   Ray Tune's experiment state
+  trials.parquet          one row per trial: its parameters, metrics, run directory
+  best.yaml               the best trial's config, runnable with `raysim run`
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.config import ResourcesConfig, dump_config
+from raysim.errors import RaysimError
+from raysim.outputs.files import write_text
+from raysim.sweep import Sweep, load_sweep
+
+TUNE_DIR, RUNS_DIR = "tune", "runs"
+
+
+def trial_bundles(resources: ResourcesConfig) -> list[dict[str, float]]:
+    """Placement-group bundles for one trial: empty head, then one bundle per client actor."""
+    actor = {"CPU": resources.cpus_per_actor}
+    if resources.gpus_per_actor:
+        actor["GPU"] = resources.gpus_per_actor
+    head = {"GPU": resources.server_gpus} if resources.server_gpus else {}
+    return [head] + [dict(actor) for _ in range(resources.actors)]
+
+
+def _param_space(sweep: Sweep) -> dict[str, Any]:
+    from ray import tune
+
+    forms = {"grid": tune.grid_search, "choice": tune.choice,
+             "uniform": lambda v: tune.uniform(*v), "loguniform": lambda v: tune.loguniform(*v)}
+    return {key: forms[form](values) for key, spec in sweep.space.items() for form, values in spec.items()}
+
+
+def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
+    """One simulation; continues its own run directory when Tune restarts it after an interruption."""
+    from ray import tune
+
+    from raysim.runner import run_experiment
+
+    config = sweep.trial_config(params)
+    if config.resources.server_threads is None:
+        # Trials share nodes: the server gets its trial's share of cores, not every core.
+        config.resources.server_threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
+    run_dir = sweep_dir / RUNS_DIR / tune.get_context().get_trial_id()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    best = {"value": -math.inf, "last": None}
+    summary_file = run_dir / "summary.json"
+    if summary_file.exists():  # resumed: earlier rounds count towards the best
+        earlier = json.loads(summary_file.read_text())
+        best["value"] = earlier.get("best_accuracy") or -math.inf
+        best["last"] = earlier.get("final_accuracy")
+
+    def on_round(info: dict[str, Any]) -> None:
+        if "accuracy" in info:
+            best["last"] = info["accuracy"]
+            best["value"] = max(best["value"], info["accuracy"])
+        last = best["last"] if best["last"] is not None else 0.0
+        tune.report({"round": info["round"], "accuracy": last, "final_accuracy": last,
+                     "best_accuracy": max(best["value"], 0.0)})
+
+    run_experiment(config, run_dir, on_round=on_round)
+
+
+def _write_sweep(sweep: Sweep, sweep_dir: Path) -> None:
+    """The sweep with its base config inlined, so `--resume` needs nothing but DIR."""
+    write_text(sweep_dir / "base.yaml", yaml.safe_dump(sweep.base_tree, sort_keys=False))
+    source = dict(sweep.source)
+    source.update({"base": "base.yaml", "overrides": {}})
+    write_text(sweep_dir / "sweep.yaml", yaml.safe_dump(source, sort_keys=False))
+
+
+def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    def trainable(params):
+        _trial(params, sweep, sweep_dir)
+
+    resources = tune.with_resources(trainable, lambda params: tune.PlacementGroupFactory(
+        trial_bundles(sweep.trial_config(params).resources)))
+    if restore:
+        return tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=resources,
+                                  resume_unfinished=True, resume_errored=True)
+    scheduler = None
+    if sweep.scheduler is not None:
+        rounds = sweep.trial_config(sweep.example_params()).rounds
+        # max_t one past the last round: ASHA never cuts a trial short of its final model and summary.
+        scheduler = ASHAScheduler(time_attr="training_iteration", metric="accuracy", mode="max",
+                                  max_t=rounds + 1, grace_period=sweep.scheduler.grace_period,
+                                  reduction_factor=sweep.scheduler.reduction_factor)
+    return tune.Tuner(
+        resources, param_space=_param_space(sweep),
+        tune_config=tune.TuneConfig(
+            num_samples=sweep.samples, max_concurrent_trials=sweep.concurrency, scheduler=scheduler,
+            search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.concurrency)),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0))
+
+
+def plan_trial_actors(sweep: Sweep) -> None:
+    """resources.actors=auto in a sweep: the cluster's CPUs shared by `concurrency` trials."""
+    import ray
+
+    res = sweep.trial_config(sweep.example_params()).resources
+    if res.actors is not None:
+        return
+    cpus = ray.cluster_resources().get("CPU", 0.0)
+    actors = max(1, math.floor(cpus / sweep.concurrency / res.cpus_per_actor + 1e-9))
+    sweep.base_tree.setdefault("resources", {})["actors"] = actors
+    print(f"resources.actors=auto: {actors} client actor(s) per trial ({cpus:g} CPUs shared by "
+          f"{sweep.concurrency} concurrent trials at {res.cpus_per_actor:g} CPU per actor)")
+
+
+def check_sweep_fits(sweep: Sweep) -> None:
+    """One line, before any trial starts, when a single trial asks for more than the cluster has."""
+    import ray
+
+    total = ray.cluster_resources()
+    need: dict[str, float] = {}
+    for bundle in trial_bundles(sweep.trial_config(sweep.example_params()).resources):
+        for kind, amount in bundle.items():
+            need[kind] = need.get(kind, 0.0) + amount
+    for kind, amount in need.items():
+        if amount > total.get(kind, 0.0) + 1e-9:
+            raise RaysimError(f"one trial needs {amount:g} {kind}s (its client actors) but the Ray cluster has "
+                              f"{total.get(kind, 0.0):g}: lower resources.actors or the per-actor share in the base")
+
+
+def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]:
+    rows = []
+    for result in results:
+        if result.config is None:
+            continue
+        params = {key: result.config[key] for key in sweep.space}
+        trial_id = (result.metrics or {}).get("trial_id")
+        if trial_id is None:  # failed before its first report: find its run directory by name
+            names = Path(result.path).name if result.path else ""
+            trial_id = next((d.name for d in (sweep_dir / RUNS_DIR).glob("*") if d.name in names), "")
+        run_dir = sweep_dir / RUNS_DIR / trial_id
+        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        rows.append({"trial_id": trial_id, **params,
+                     "best_accuracy": summary.get("best_accuracy"), "final_accuracy": summary.get("final_accuracy"),
+                     "rounds": summary.get("rounds", 0), "wall_time_s": summary.get("wall_time_s"),
+                     "status": "error" if result.error else (
+                         "finished" if summary.get("rounds", 0) >= summary.get("rounds_planned", 1) else "stopped"),
+                     "run_dir": str(run_dir)})
+    rows.sort(key=lambda r: -(r[sweep.metric] if r[sweep.metric] is not None else -1.0))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
+    columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "rounds", "status"]
+    def cell(value: Any) -> str:
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+    cells = [[cell(r[c]) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> Path | None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raysim.outputs.files import atomic_write
+
+    table = pa.Table.from_pylist(rows)
+    atomic_write(sweep_dir / "trials.parquet", lambda tmp: pq.write_table(table, tmp))
+    best = next((r for r in rows if r[sweep.metric] is not None), None)
+    if best is None:
+        return None
+    config = sweep.trial_config({key: best[key] for key in sweep.space})
+    path = sweep_dir / "best.yaml"
+    write_text(path, f"# best trial {best['trial_id']} of {sweep_dir} by {sweep.metric} = "
+                     f"{best[sweep.metric]:.4f}\n" + dump_config(config))
+    return path
+
+
+def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore: bool = False) -> list[dict]:
+    from raysim.engine.ray_session import ray_session
+
+    sweep_dir = sweep_dir.resolve()
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    if not restore:
+        _write_sweep(sweep, sweep_dir)
+    base_resources = sweep.trial_config(sweep.example_params()).resources
+    with ray_session(base_resources, address):
+        plan_trial_actors(sweep)
+        check_sweep_fits(sweep)
+        results = _tuner(sweep, sweep_dir, restore).fit()
+    rows = trials_table(sweep, sweep_dir, results)
+    print(format_table(rows, sweep))
+    best = write_results(rows, sweep, sweep_dir)
+    print(f"{len(rows)} trials -> {sweep_dir / 'trials.parquet'}"
+          + (f"; best config -> {best} (run it with: raysim run {best})" if best else ""))
+    # Tune returns only the trials it created; an interrupted grid has fewer, or unfinished ones.
+    expected = sweep.grid_size() * sweep.samples
+    unfinished = sweep.scheduler is None and any(r["status"] == "stopped" for r in rows)
+    if len(rows) < expected or unfinished:
+        print(f"interrupted: finished rounds are kept; continue with 'raysim tune --resume {sweep_dir}'")
+    return rows
+
+
+def resume_sweep(sweep_dir: Path, address: str | None = None) -> list[dict]:
+    if not (sweep_dir / "sweep.yaml").exists() or not (sweep_dir / TUNE_DIR).exists():
+        raise RaysimError(f"'{sweep_dir}' is not a sweep directory (no sweep.yaml and tune/): "
+                          "give the --out DIR of an earlier `raysim tune`")
+    return run_sweep(load_sweep(sweep_dir / "sweep.yaml"), sweep_dir, address, restore=True)

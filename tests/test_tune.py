@@ -1,0 +1,130 @@
+"""`raysim tune`: sweep files are checked before Ray starts; a sweep runs, ranks and resumes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from raysim.config import ResourcesConfig, load_config
+from raysim.errors import RaysimError
+from raysim.sweep import load_sweep
+from raysim.tuning import trial_bundles
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = str(ROOT / "configs/quickstart.yaml")
+TINY_BASE = {"rounds": 2, "clients": {"num": 4, "per_round": 4}, "model": {"width": 8},
+             "output": {"tensorboard": False}, "resources": {"actors": 1, "cpus_per_actor": 1}}
+
+
+def write_sweep(tmp_path: Path, **fields) -> Path:
+    data = {"base": QUICK, "overrides": TINY_BASE, "space": {"local.lr": {"grid": [0.01, 0.05]}},
+            "concurrency": 2}
+    data.update(fields)
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"space": {"local.epocs": {"grid": [1, 2]}}}, "unknown config key 'local.epocs'"),
+    ({"space": {"local.lr": {"normal": [0, 1]}}}, "must be one of"),
+    ({"space": {"local.lr": {"loguniform": [0, 1]}}}, "needs low > 0"),
+    ({"space": {"local.lr": {"uniform": [1, 0.5]}}}, "low < high"),
+    ({"space": {"partition.alpha": {"grid": [0]}}}, "partition.alpha must be > 0"),
+    ({"metric": "loss"}, "metric must be best_accuracy or final_accuracy"),
+    ({"base": "/no/such.yaml"}, "does not exist"),
+    ({"scheduler": {"kind": "hyperband"}}, "scheduler must be"),
+    ({"trials": 3}, "unknown key(s) trials"),
+])
+def test_bad_sweeps_fail_with_one_clear_message(tmp_path, fields, words):
+    with pytest.raises(RaysimError) as err:
+        load_sweep(write_sweep(tmp_path, **fields))
+    assert words in str(err.value)
+
+
+def test_shipped_sweeps_load_and_cover_the_issue_grid():
+    sweeps = {p.stem: load_sweep(p) for p in (ROOT / "configs/sweeps").glob("*.yaml")}
+    assert set(sweeps) >= {"cpu", "fedaf_cifar10", "fedaf_lambdas", "fedprox_mu"}
+    assert sweeps["cpu"].grid_size() * sweeps["cpu"].samples == 4
+    fedaf = sweeps["fedaf_cifar10"].space
+    assert fedaf["partition.alpha"]["grid"] == [0.02, 0.05, 0.1]
+    assert fedaf["algorithm.ipc"]["grid"] == [10, 20, 50]
+    assert fedaf["algorithm.gamma"]["grid"] == [0.5, 0.8, 0.9, 1.0]
+    assert set(sweeps["fedaf_lambdas"].space["algorithm.lambda_loc"]) == {"loguniform"}
+    assert "algorithm.mu" in sweeps["fedprox_mu"].space
+
+
+def test_a_trial_reserves_one_bundle_per_client_actor_and_an_empty_head():
+    bundles = trial_bundles(ResourcesConfig(actors=3, cpus_per_actor=1, gpus_per_actor=0.25))
+    assert bundles == [{}] + [{"CPU": 1, "GPU": 0.25}] * 3
+
+
+def test_a_sweep_ranks_its_trials_and_writes_a_runnable_best_config(ray_session, tmp_path):
+    from raysim.tuning import resume_sweep, run_sweep
+
+    out = tmp_path / "out"
+    rows = run_sweep(load_sweep(write_sweep(tmp_path)), out)
+    table = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(table) == 2 and sorted(r["local.lr"] for r in table) == [0.01, 0.05]
+    assert table[0]["best_accuracy"] >= table[1]["best_accuracy"] > 0.2  # chance is 0.1
+    assert all(r["status"] == "finished" and r["rounds"] == 2 for r in table)
+    for row in table:  # every trial keeps the usual outputs
+        assert {"summary.json", "metrics.parquet", "config.yaml", "actors.yaml"} <= {
+            p.name for p in Path(row["run_dir"]).iterdir()}
+    best = load_config(out / "best.yaml")
+    assert best.local.lr == table[0]["local.lr"] and best.rounds == 2
+    # Resuming a finished sweep reruns nothing and gives the same table.
+    again = resume_sweep(out)
+    assert [(r["trial_id"], r["best_accuracy"]) for r in again] == [(r["trial_id"], r["best_accuracy"]) for r in rows]
+
+
+def test_an_interrupted_sweep_resumes_and_finishes(tmp_path):
+    """Interrupt `raysim tune` during its first trial, then `--resume DIR` completes every trial."""
+    sweep = write_sweep(tmp_path, overrides={**TINY_BASE, "rounds": 4}, concurrency=1)
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_DEDUP_LOGS": "1"}
+    cmd = [sys.executable, "-m", "raysim.cli", "tune"]
+    first = subprocess.Popen([*cmd, str(sweep), "resources.num_cpus=2", "--out", str(out)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 180
+    while time.time() < deadline and not list((out / "runs").glob("*/checkpoints/last.pt")):
+        time.sleep(1)
+    assert list((out / "runs").glob("*/checkpoints/last.pt")), first.communicate()[0].decode()[-2000:]
+    first.send_signal(signal.SIGINT)  # Ctrl-C mid-sweep
+    try:
+        said = first.communicate(timeout=90)[0].decode()
+    except subprocess.TimeoutExpired:
+        os.killpg(first.pid, signal.SIGKILL)
+        raise
+    assert "raysim tune --resume" in said, said[-2000:]
+    done = subprocess.run([*cmd, "--resume", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = pq.read_table(out / "trials.parquet").to_pylist()
+    assert len(table) == 2 and all(r["status"] == "finished" and r["rounds"] == 4 for r in table), table
+    assert "best config" in done.stdout
+
+
+def test_auto_actors_follow_the_cluster(ray_session):
+    from raysim.engine.ray_session import plan_actors
+
+    assert plan_actors(ResourcesConfig(actors=3), 10) == (3, None)
+    count, line = plan_actors(ResourcesConfig(actors=None, cpus_per_actor=1), 10)
+    assert count == 2 and "2 client actors" in line  # the session's Ray has 2 CPUs
+    assert plan_actors(ResourcesConfig(actors=None, cpus_per_actor=0.5), 10)[0] == 4
+    assert plan_actors(ResourcesConfig(actors=None, cpus_per_actor=0.5), 3)[0] == 3  # at most one per client
+    assert plan_actors(ResourcesConfig(actors=None, cpus_per_actor=0.1, gpus_per_actor=0.5), 10)[0] == 2
+    with pytest.raises(RaysimError, match="cannot hold one actor"):
+        plan_actors(ResourcesConfig(actors=None, gpus_per_actor=2), 10)
+
+
+def test_auto_is_accepted_in_yaml():
+    assert load_config(QUICK, ["resources.actors=auto"]).resources.actors is None
+    with pytest.raises(RaysimError, match="resources.actors must be"):
+        load_config(QUICK, ["resources.actors=0"])
