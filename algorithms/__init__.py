@@ -19,6 +19,7 @@ REGISTRY: dict[str, str] = {
     "feddisco": "algorithms.feddisco:FedDisco",
     "feddm": "algorithms.feddm:FedDM",
     "fedaf": "algorithms.fedaf:FedAF",
+    "dynafed": "algorithms.dynafed:DynaFed",
 }
 
 

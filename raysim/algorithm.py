@@ -43,6 +43,9 @@ class Context:
     device: torch.device
     mean: np.ndarray | None = None  # per-channel normalisation of the data (to turn images into pixels)
     std: np.ndarray | None = None
+    # The test split, on the server only (evaluation and diagnostics such as DynaFed's Figure 6).
+    test_x: torch.Tensor | None = None
+    test_y: torch.Tensor | None = None
     _scratch: dict[str, torch.nn.Module] = field(default_factory=dict)
 
     @property
@@ -114,6 +117,10 @@ class Algorithm:
 
     def images(self, state: dict[str, Any], ctx: Context) -> dict[str, tuple[np.ndarray, int]]:
         """Pictures for TensorBoard this round: tag -> (float [0, 1] images (N, C, H, W), images per row)."""
+        return {}
+
+    def summary_extras(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Algorithm-specific entries of summary.json (diagnostics)."""
         return {}
 
     def upload_bytes(self, message: dict[str, Any]) -> int | None:

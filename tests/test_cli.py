@@ -76,3 +76,12 @@ def test_report_folds_seeds(run_tiny, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "+-" in result.stdout and "fedavg" in result.stdout
     assert result.stdout.splitlines()[2].split()[2] == "2"  # one row: 2 seeds
+
+
+def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
+    result = raysim("run", QUICK, "resources.actors=2", "resources.gpus_per_actor=8", "resources.num_cpus=2",
+                    "--out", str(tmp_path / "run"))
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("raysim: error:")]
+    assert len(errors) == 1 and "needs 16 GPUs" in errors[0] and "has 0" in errors[0], result.stderr

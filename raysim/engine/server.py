@@ -48,6 +48,7 @@ class ServerRuntime:
         self.client_actor = client_actor
         self.test_x = to_model_input(test_x, mean, std, self.device)
         self.test_y = torch.from_numpy(np.asarray(test_y, dtype=np.int64)).to(self.device)
+        self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
 
         checkpoint_path = self.run_dir / CHECKPOINT
         if checkpoint_path.exists():
@@ -155,6 +156,7 @@ class ServerRuntime:
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
+            **self.algorithm.summary_extras(self.state),
         }
 
     def finish(self) -> dict[str, Any]:

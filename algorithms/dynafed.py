@@ -1,0 +1,173 @@
+"""DynaFed (Pi et al., CVPR 2023; papers/003_*, Algorithms 1-2).
+
+FedAvg rounds, plus on the server:
+  rounds 1..L:  keep the aggregated global models w_0 (the initialisation) .. w_L;
+  round L:      synthesise D_syn = (X, soft labels) once by trajectory matching (Algorithm 1):
+                from a random w_t, s' unrolled SGD steps on D_syn with a learnable step size
+                should land near w_{t+s}; minimise the normalised distance (eq. 3-4);
+  rounds > L:   fine-tune the aggregated model on D_syn (Algorithm 2, line 12).
+Choices where the paper is silent (from the authors' code, see ALGORITHMS.md): images start from
+noise, soft labels from zero logits (equal probabilities); the target is the mean of the last
+`target_average` checkpoints of the segment; Adam for images, labels and the log step size;
+fine-tuning with Adam and DSA. The trajectory holds w_0..w_L (L + 1 checkpoints).
+Diagnostics (Figure 6 left) are computed once, at round L, and written to summary.json:
+the normalised distance reached after s' steps on D_syn, on a random real subset of the same
+size and on noise (the server holds no training data, so the real subset comes from the test
+split, labelled with its one-hot labels), and the test accuracy of a model trained from scratch
+on D_syn alone.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from algorithms.fedavg import FedAvg
+from raysim.condense.augment import DSA
+from raysim.condense.trajectory import distance_after_training, soft_cross_entropy, synthesize
+from raysim.condense.synthetic import to_pixels
+from raysim.errors import RaysimError
+from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
+from raysim.tensors import load_weights, module_weights
+from raysim.training import evaluate
+
+PREVIEW_PER_CLASS = 10
+
+
+def finetune(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor, epochs: int, batch_size: int,
+             lr: float, generator: torch.Generator, augment: DSA | None) -> None:
+    """Train `model` on (x, soft labels) with Adam (the server-side refinement of Algorithm 2)."""
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    for _ in range(epochs):
+        order = torch.randperm(len(x), generator=generator).to(x.device)
+        for start in range(0, len(x), batch_size):
+            idx = order[start:start + batch_size]
+            xb = x[idx]
+            if augment is not None:
+                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            loss = soft_cross_entropy(model(xb), label_logits[idx])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+
+class DynaFed(FedAvg):
+    name = "dynafed"
+    summary = "DynaFed: FedAvg + server-side data synthesised from the early global trajectory, then fine-tuning"
+
+    @dataclass
+    class Params:
+        trajectory_rounds: int = 20   # L: rounds whose global models form the trajectory
+        horizon: int = 5              # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
+        inner_steps: int = 20         # s': unrolled SGD steps on D_syn
+        target_average: int = 2       # checkpoints averaged into the target
+        ipc: int = 15                 # synthetic images per class (|D_syn| = ipc x classes)
+        iterations: int = 3000        # N: synthesis iterations
+        syn_batch: int = 256          # images per unrolled step (all of them when fewer)
+        image_lr: float = 0.05        # Adam
+        label_lr: float = 0.01        # Adam
+        step_size: float = 0.04       # initial learnable inner step size
+        step_size_lr: float = 1e-5    # Adam on the log step size
+        dsa: bool = True              # augment inner batches and fine-tuning batches
+        finetune_epochs: int = 20
+        finetune_batch: int = 256
+        finetune_lr: float = 1e-4     # Adam
+        diagnostics: bool = True      # Figure 6 distances and the D_syn-only accuracy, once at round L
+        diagnostic_segments: int = 10
+        syn_only_epochs: int = 300
+
+        def validate(self):
+            for name in ("trajectory_rounds", "horizon", "inner_steps", "target_average", "ipc", "iterations",
+                         "syn_batch", "finetune_batch", "diagnostic_segments"):
+                if getattr(self, name) < 1:
+                    raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
+            if self.horizon >= self.trajectory_rounds + 1:
+                raise RaysimError(f"algorithm.horizon (s={self.horizon}) must be smaller than the trajectory's "
+                                  f"{self.trajectory_rounds + 1} checkpoints: raise algorithm.trajectory_rounds")
+
+    # ------------------------------------------------------------- server
+    def server_init(self, model, ctx):
+        weights = module_weights(model)
+        return {"weights": weights, "trajectory": [weights]}
+
+    def server_update(self, state, replies, round_index, ctx):
+        state = {**state, "weights": self.aggregate(state, replies, ctx)}
+        p = self.params
+        if round_index <= p.trajectory_rounds:
+            state["trajectory"] = [*state["trajectory"], state["weights"]]
+        if round_index == p.trajectory_rounds:
+            state.update(self.synthesize(state["trajectory"], ctx))
+            state["trajectory"] = []  # no longer needed: keep checkpoints small
+        elif round_index > p.trajectory_rounds:
+            model = ctx.model("server")
+            load_weights(model, state["weights"])
+            x, labels = self.synthetic(state, ctx)
+            finetune(model, x, labels, p.finetune_epochs, p.finetune_batch, p.finetune_lr,
+                     torch_generator(self.config.seed, SERVER, round_index), DSA() if p.dsa else None)
+            state["weights"] = module_weights(model)
+        return state
+
+    def synthetic(self, state, ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.from_numpy(state["syn_x"]).to(ctx.device), torch.from_numpy(state["syn_labels"]).to(ctx.device))
+
+    def synthesize(self, trajectory, ctx) -> dict:
+        p, c = self.params, ctx.num_classes
+        g = torch_generator(self.config.seed, SERVER, "dynafed-synthesis")
+        shape = (c * p.ipc, ctx.spec.in_channels, ctx.spec.image_size, ctx.spec.image_size)
+        images = torch.randn(shape, generator=g).to(ctx.device)
+        labels = torch.zeros(c * p.ipc, c, device=ctx.device)
+        augment = DSA() if p.dsa else None
+        started = time.perf_counter()
+        x, y, step, losses = synthesize(
+            ctx.model("synth"), trajectory, images, labels, iterations=p.iterations, inner_steps=p.inner_steps,
+            horizon=p.horizon, target_average=p.target_average, batch_size=p.syn_batch, image_lr=p.image_lr,
+            label_lr=p.label_lr, step_size=p.step_size, step_size_lr=p.step_size_lr, generator=g, augment=augment)
+        out = {"syn_x": x.cpu().numpy(), "syn_labels": y.cpu().numpy(), "syn_step_size": step,
+               "syn_loss_first": float(np.mean(losses[:10])), "syn_loss_last": float(np.mean(losses[-10:])),
+               "syn_time_s": time.perf_counter() - started}
+        if p.diagnostics:
+            out["diagnostics"] = self.diagnose(trajectory, x, y, step, ctx)
+        return out
+
+    def diagnose(self, trajectory, x, y, step, ctx) -> dict[str, float]:
+        """DynaFed's Figure 6 (left) distances and the accuracy of a model trained on D_syn alone."""
+        p = self.params
+        augment = DSA() if p.dsa else None
+        g = torch_generator(self.config.seed, SERVER, "dynafed-diagnostics")
+        pick = torch.randperm(len(ctx.test_y), generator=g)[:len(x)].to(ctx.device)
+        real_x = ctx.test_x[pick]
+        real_labels = torch.nn.functional.one_hot(ctx.test_y[pick], ctx.num_classes).float() * 10.0  # ~hard labels
+        noise_x = torch.randn(x.shape, generator=g).to(ctx.device)
+        uniform = torch.zeros_like(y)
+
+        def distance(images, labels):
+            return distance_after_training(
+                ctx.model("synth"), trajectory, images, labels, inner_steps=p.inner_steps, horizon=p.horizon,
+                target_average=p.target_average, batch_size=p.syn_batch, step_size=step,
+                segments=p.diagnostic_segments, generator=torch_generator(self.config.seed, SERVER, "dynafed-segments"),
+                augment=augment)
+
+        torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT))
+        fresh = ctx.spec.build(ctx.device)
+        finetune(fresh, x, y, p.syn_only_epochs, p.finetune_batch, 1e-3, torch_generator(self.config.seed, SERVER, "dynafed-syn-only"), augment)
+        with torch.no_grad():
+            accuracy, _ = evaluate(fresh, ctx.test_x, ctx.test_y)
+        return {"syn_distance": distance(x, y), "real_distance": distance(real_x, real_labels),
+                "noise_distance": distance(noise_x, uniform), "syn_only_accuracy": accuracy}
+
+    def summary_extras(self, state):
+        extras = dict(state.get("diagnostics", {}))
+        if "syn_step_size" in state:
+            extras.update({k: state[k] for k in ("syn_step_size", "syn_loss_first", "syn_loss_last", "syn_time_s")})
+        return extras
+
+    def images(self, state, ctx):
+        if "syn_x" not in state:
+            return {}
+        c, ipc = ctx.num_classes, self.params.ipc
+        per_row = min(ipc, PREVIEW_PER_CLASS)
+        x = state["syn_x"].reshape(c, ipc, *state["syn_x"].shape[1:])[:, :per_row].reshape(-1, *state["syn_x"].shape[1:])
+        return {"dynafed/synthetic_images": (to_pixels(torch.from_numpy(x), ctx.mean, ctx.std), per_row)}

@@ -1,0 +1,132 @@
+"""Trajectory matching (DynaFed, papers/003_*, eq. 3-4 and Algorithm 1).
+
+A functional copy of the model starts at checkpoint w_t and trains for s' unrolled
+steps on the synthetic set (learnable images, learnable soft labels, learnable step
+size); the loss is the normalised distance of the end point to the target checkpoint,
+    d = ||w_hat - w_target||^2 / ||w_t - w_target||^2,
+differentiated through every unrolled step. Only the current parameters of the inner
+run are held (autograd keeps what the backward pass needs, nothing more): no copy of
+the trajectory is made per step.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+Augment = Callable[[torch.Tensor, int], torch.Tensor]
+Weights = dict[str, np.ndarray]
+
+
+def trainable_names(model: torch.nn.Module) -> list[str]:
+    return [name for name, _ in model.named_parameters()]
+
+
+def flat(weights: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([weights[n].reshape(-1) for n in names])
+
+
+def as_tensors(weights: Weights, names: list[str], device) -> dict[str, torch.Tensor]:
+    return {n: torch.as_tensor(np.asarray(weights[n]), dtype=torch.float32, device=device) for n in names}
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against softmax(target_logits): learnable soft labels."""
+    return -(F.softmax(target_logits, dim=1) * F.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+def unrolled_training(model: torch.nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
+                      label_logits: torch.Tensor, step_size: torch.Tensor, steps: int, batch_size: int,
+                      generator: torch.Generator, augment: Augment | None = None) -> dict[str, torch.Tensor]:
+    """s' steps of SGD from `start` on (x, soft labels), kept differentiable in x, labels and step size."""
+    names = list(start)
+    params = {n: p.clone().requires_grad_(True) if not p.requires_grad else p for n, p in start.items()}
+    for _ in range(steps):
+        idx = torch.randperm(len(x), generator=generator)[:batch_size].to(x.device)
+        xb = x[idx]
+        if augment is not None:
+            xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+        loss = soft_cross_entropy(functional_call(model, params, (xb,)), label_logits[idx])
+        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
+        params = {n: params[n] - step_size * g for n, g in zip(names, grads)}
+    return params
+
+
+def normalised_distance(end: dict[str, torch.Tensor], start: dict[str, torch.Tensor],
+                        target: dict[str, torch.Tensor]) -> torch.Tensor:
+    names = list(target)
+    t = flat(target, names)
+    return ((flat(end, names) - t) ** 2).sum() / ((flat(start, names) - t) ** 2).sum().clamp_min(1e-12)
+
+
+def segment(trajectory: list[Weights], horizon: int, target_average: int, generator: torch.Generator,
+            names: list[str], device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A start w_t (t uniform) and its target: the mean of the last `target_average` checkpoints of
+    w_{t+1..t+horizon} (the authors' code averages a few checkpoints to smooth the target)."""
+    t = int(torch.randint(0, len(trajectory) - horizon, (1,), generator=generator))
+    start = as_tensors(trajectory[t], names, device)
+    ends = [as_tensors(trajectory[t + horizon - k], names, device) for k in range(min(target_average, horizon))]
+    target = {n: torch.stack([e[n] for e in ends]).mean(0) for n in names}
+    return start, target
+
+
+def synthesize(model: torch.nn.Module, trajectory: list[Weights], images: torch.Tensor, label_logits: torch.Tensor,
+               *, iterations: int, inner_steps: int, horizon: int, target_average: int, batch_size: int,
+               image_lr: float, label_lr: float, step_size: float, step_size_lr: float,
+               generator: torch.Generator, augment: Augment | None = None) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
+    """DynaFed's DataSyn (Algorithm 1): optimise images and soft labels so that s' steps on them
+    from w_t land near w_{t+s}. Returns the images, label logits, final step size and the losses."""
+    if len(trajectory) <= horizon:
+        raise ValueError(f"trajectory of {len(trajectory)} checkpoints is too short for horizon s={horizon}")
+    model.train()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    names = trainable_names(model)
+    x = images.clone().requires_grad_(True)
+    y = label_logits.clone().requires_grad_(True)
+    log_step = torch.tensor(float(np.log(step_size)), device=x.device, requires_grad=True)
+    optimizer = torch.optim.Adam([{"params": [x], "lr": image_lr}, {"params": [y], "lr": label_lr},
+                                  {"params": [log_step], "lr": step_size_lr}])
+    losses = []
+    for _ in range(iterations):
+        start, target = segment(trajectory, horizon, target_average, generator, names, x.device)
+        end = unrolled_training(model, start, x, y, log_step.exp(), inner_steps, batch_size, generator, augment)
+        loss = normalised_distance(end, start, target)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return x.detach(), y.detach(), float(log_step.detach().exp()), losses
+
+
+@torch.no_grad()
+def _no_grad_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {n: w.detach().clone() for n, w in weights.items()}
+
+
+def distance_after_training(model: torch.nn.Module, trajectory: list[Weights], x: torch.Tensor,
+                            label_logits: torch.Tensor, *, inner_steps: int, horizon: int, target_average: int,
+                            batch_size: int, step_size: float, segments: int, generator: torch.Generator,
+                            augment: Augment | None = None) -> float:
+    """Mean normalised distance reached from w_t after s' steps on (x, labels) over random segments
+    (DynaFed's Figure 6 left). Plain SGD, no graph kept."""
+    model.train()
+    names = trainable_names(model)
+    total = 0.0
+    for _ in range(segments):
+        start, target = segment(trajectory, horizon, target_average, generator, names, x.device)
+        params = _no_grad_copy(start)
+        for _ in range(inner_steps):
+            params = {n: p.requires_grad_(True) for n, p in params.items()}
+            idx = torch.randperm(len(x), generator=generator)[:batch_size].to(x.device)
+            xb = x[idx]
+            if augment is not None:
+                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            loss = soft_cross_entropy(functional_call(model, params, (xb,)), label_logits[idx])
+            grads = torch.autograd.grad(loss, list(params.values()))
+            params = {n: (p - step_size * g).detach() for (n, p), g in zip(params.items(), grads)}
+        total += float(normalised_distance(params, start, target))
+    return total / segments
