@@ -16,7 +16,7 @@ import torch
 
 from raysim.algorithm import Algorithm, ClientData, Context, Reply
 from raysim.condense.augment import DSA
-from raysim.condense.matching import dm_loss
+from raysim.condense.matching import ClassMeans, class_means, distribution_distance, real_batch_indices
 from raysim.condense.synthetic import dequantize, init_synthetic, quantize, to_pixels, train_on_synthetic
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, torch_generator
@@ -63,7 +63,8 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class CondensedDataAlgorithm(Algorithm):
-    match_logits = False
+    match_logits = False  # DM on logits too (FedDM)
+    syn_logits = False    # the synthetic images' class-mean logits are needed by a loss term (FedAF's CDC)
 
     # ------------------------------------------------------------- client
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
@@ -79,10 +80,11 @@ class CondensedDataAlgorithm(Algorithm):
         for _ in range(p.steps):
             seed = int(torch.randint(2**31 - 1, (1,), generator=g))
             net = self.matching_model(payload, client, ctx, seed)
-            batch = [r[torch.randperm(len(r), generator=g)[:p.real_batch].to(r.device)] for r in real]
-            loss = dm_loss(net, batch, list(syn), augment, seed, match_logits=self.match_logits,
-                           batched=p.dm_batched)
-            loss = loss + self.extra_condensation_loss(payload, syn, classes, client, ctx, seed)
+            batch = [r[real_batch_indices(len(r), p.real_batch, g).to(r.device)] for r in real]
+            means = class_means(net, batch, list(syn), augment, seed, logits=self.match_logits or self.syn_logits,
+                                batched=p.dm_batched)
+            loss = distribution_distance(means, self.match_logits)
+            loss = loss + self.extra_condensation_loss(payload, means, classes, seed)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.clip_image_grad(syn)
@@ -109,7 +111,8 @@ class CondensedDataAlgorithm(Algorithm):
     def matching_model(self, payload, client, ctx, seed: int) -> torch.nn.Module:
         raise NotImplementedError
 
-    def extra_condensation_loss(self, payload, syn, classes, client, ctx, seed) -> torch.Tensor | float:
+    def extra_condensation_loss(self, payload, means: ClassMeans, classes, seed) -> torch.Tensor | float:
+        """Terms added to the DM loss of a step, from the same forward pass's class means."""
         return 0.0
 
     def clip_image_grad(self, syn: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ import torch
 from algorithms.fedavg import FedAvg
 from raysim.condense.augment import DSA
 from raysim.condense.trajectory import distance_after_training, soft_cross_entropy, synthesize
-from raysim.condense.synthetic import to_pixels
+from raysim.condense.synthetic import even_batches, to_pixels
 from raysim.errors import RaysimError
 from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
 from raysim.tensors import load_weights, module_weights
@@ -43,8 +43,7 @@ def finetune(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for _ in range(epochs):
         order = torch.randperm(len(x), generator=generator).to(x.device)
-        for start in range(0, len(x), batch_size):
-            idx = order[start:start + batch_size]
+        for idx in even_batches(order, batch_size):
             xb = x[idx]
             if augment is not None:
                 xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))

@@ -6,7 +6,7 @@ Round r, client k (holding classes c with data D_{k,c}):
   S_k refined (it persists between rounds) by minimising, each step through a
   re-sampled model w' = gamma w + (1 - gamma) w_random                         (eq. 17)
     L_loc = L_DM(S_k, D_k) + lambda_loc sum_c SWD(u_{k,c}, v_c)                (eq. 10, CDC)
-  with u_{k,c} = mean_{x in S_{k,c}} f_w(x) under the global model             (eq. 6)
+  with u_{k,c} = mean_{x in S_{k,c}} f_w'(x), from the DM step's forward pass    (eq. 6)
   and v_c the global mean logits the server broadcast                          (eq. 8, 9)
   then S_k, V_k and R_k go to the server.
 Server:
@@ -18,6 +18,8 @@ Choices where the paper is silent (documented here and in the closing note):
     round), so round 1 condenses without CDC;
   - t_c is computed on the classes present in each server mini-batch;
   - averages over "clients" in eq. 8 and 12 run over the clients that hold class c;
+  - eq. 17 replaces w for the whole condensation step, so u_{k,c} (eq. 6) is taken through the
+    re-sampled model, on the step's augmented images, in the DM loss's own forward pass;
   - tau defaults to 2.0 (not stated in the paper).
 Ablations: without CDC lambda_loc = 0, without LGKM lambda_glob = 0.
 """
@@ -37,6 +39,7 @@ from raysim.tensors import load_weights
 
 
 class FedAF(CondensedDataAlgorithm):
+    syn_logits = True
     name = "fedaf"
     summary = "FedAF: collaborative condensation (CDC) + local-global knowledge matching (LGKM), no aggregation"
 
@@ -125,14 +128,16 @@ class FedAF(CondensedDataAlgorithm):
         net.train()
         return resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.gamma, seed)
 
-    def extra_condensation_loss(self, payload, syn, classes, client, ctx, seed):
-        """lambda_loc * sum_c SWD(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c."""
+    def extra_condensation_loss(self, payload, means, classes, seed):
+        """lambda_loc * sum_c SWD(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c.
+
+        u_{k,c} (eq. 6) comes from the step's own forward pass, through the re-sampled model of
+        eq. 17 (which replaces w during condensation), so CDC costs no extra pass."""
         lam = self.params.lambda_loc
         known = [i for i, c in enumerate(classes) if payload["known"][c]]
         if lam == 0 or not known:
             return 0.0
-        model = ctx.model("global")  # eval mode, global weights: loaded in before_condensation
-        u = model(syn[known].reshape(-1, *syn.shape[2:])).reshape(len(known), syn.shape[1], -1).mean(1)
+        u = means.syn_logits[known]
         v = torch.from_numpy(payload["logits"][[classes[i] for i in known]]).to(u.device)
         g = torch.Generator().manual_seed(seed)
         return lam * sum(sliced_wasserstein(u[j:j + 1], v[j:j + 1], self.params.swd_projections, g)

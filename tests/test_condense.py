@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from raysim.condense.augment import DSA, FAMILIES
-from raysim.condense.matching import class_mean_logits, dm_loss, soft_labels, symmetric_kl
+from raysim.condense.matching import class_mean_logits, dm_loss, real_batch_indices, soft_labels, symmetric_kl
 from raysim.condense.models import perturb_model, resample_model
-from raysim.condense.synthetic import dequantize, init_synthetic, quantize
+from raysim.condense.synthetic import dequantize, even_batches, init_synthetic, quantize
 from raysim.condense.wasserstein import sliced_wasserstein
 from raysim.models import build_model
 from raysim.tensors import module_weights
@@ -129,3 +129,19 @@ def test_class_mean_logits_and_soft_labels():
     p = soft_labels(means, 2.0)
     torch.testing.assert_close(p.sum(1), torch.ones(4))
     assert float(symmetric_kl(p, p)) < 1e-6 and float(symmetric_kl(p, soft_labels(means, 0.5))) > 0
+
+
+def test_real_batches_have_the_same_size_for_rare_and_common_classes():
+    g = torch.Generator().manual_seed(0)
+    common = real_batch_indices(500, 32, g)
+    assert len(common) == 32 and len(set(common.tolist())) == 32  # distinct when there are enough
+    rare = real_batch_indices(3, 32, g)
+    assert len(rare) == 32 and set(rare.tolist()) <= {0, 1, 2}  # with replacement otherwise
+
+
+def test_even_batches_cover_an_epoch_without_a_tiny_last_batch():
+    order = torch.randperm(780)
+    parts = even_batches(order, 256)
+    assert [len(p) for p in parts] == [195, 195, 195, 195]
+    assert torch.equal(torch.cat(parts), order)
+    assert [len(p) for p in even_batches(torch.arange(100), 256)] == [100]

@@ -1,6 +1,7 @@
 """Distribution matching (DM; Zhao & Bilen, 2023) and class-wise logit statistics."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -14,43 +15,81 @@ def _embed_and_logits(model, x, with_logits: bool):
     return features, (model.classifier(features) if with_logits else None)
 
 
-def dm_loss(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torch.Tensor],
-            augment: Augment | None = None, seed: int = 0, match_logits: bool = False,
-            batched: bool = True) -> torch.Tensor:
-    """sum_c ||mean h(real_c) - mean h(syn_c)||^2 (+ the same on logits when match_logits).
+@dataclass
+class ClassMeans:
+    """One matching step's class-wise means, a row per class present at the client (eq. 3 of
+    the FedAF paper; logits as in its eq. 5-6). Real rows carry no gradient."""
 
-    `real[i]` and `syn[i]` hold the images of the i-th class present at the client.
-    Real features carry no gradient. With `batched`, all classes go through one
-    forward pass each for real and synthetic images (one augmentation draw for
-    the step, shared by both); otherwise a loop over classes (the DM reference
-    code's way, kept for the benchmark), with one draw per class.
+    real_features: torch.Tensor
+    syn_features: torch.Tensor
+    real_logits: torch.Tensor | None = None
+    syn_logits: torch.Tensor | None = None
+
+
+def class_means(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torch.Tensor],
+                augment: Augment | None = None, seed: int = 0, logits: bool = False,
+                batched: bool = True) -> ClassMeans:
+    """Mean features (and logits) of each class's real and synthetic images through `model`.
+
+    `real[i]` and `syn[i]` hold the images of the i-th class present at the client. With
+    `batched`, all classes go through one forward pass each for real and synthetic images
+    (one augmentation draw for the step, shared by both); otherwise a loop over classes (the
+    DM reference code's way, kept for the benchmark), with one draw per class.
     """
+    def stack(parts):
+        return torch.stack(parts) if parts[0] is not None else None
+
     if batched:
         xr, xs = torch.cat(real), torch.cat(syn)
         if augment is not None:
             xr, xs = augment(xr, seed), augment(xs, seed)
         with torch.no_grad():
-            fr, lr = _embed_and_logits(model, xr, match_logits)
-        fs, ls = _embed_and_logits(model, xs, match_logits)
-        real_means = [c.mean(0) for c in fr.split([len(r) for r in real])]
-        syn_means = [c.mean(0) for c in fs.split([len(s) for s in syn])]
-        loss = sum(((a - b) ** 2).sum() for a, b in zip(real_means, syn_means))
-        if match_logits:
-            real_logit = [c.mean(0) for c in lr.split([len(r) for r in real])]
-            syn_logit = [c.mean(0) for c in ls.split([len(s) for s in syn])]
-            loss = loss + sum(((a - b) ** 2).sum() for a, b in zip(real_logit, syn_logit))
-        return loss
-    loss = 0.0
+            fr, lr = _embed_and_logits(model, xr, logits)
+        fs, ls = _embed_and_logits(model, xs, logits)
+
+        def means(values, sets):
+            return None if values is None else stack([c.mean(0) for c in values.split([len(x) for x in sets])])
+        return ClassMeans(means(fr, real), means(fs, syn), means(lr, real), means(ls, syn))
+    rows = []
     for i, (r, s) in enumerate(zip(real, syn)):
         if augment is not None:
             r, s = augment(r, seed + i), augment(s, seed + i)
         with torch.no_grad():
-            fr, lr = _embed_and_logits(model, r, match_logits)
-        fs, ls = _embed_and_logits(model, s, match_logits)
-        loss = loss + ((fr.mean(0) - fs.mean(0)) ** 2).sum()
-        if match_logits:
-            loss = loss + ((lr.mean(0) - ls.mean(0)) ** 2).sum()
+            fr, lr = _embed_and_logits(model, r, logits)
+        fs, ls = _embed_and_logits(model, s, logits)
+        rows.append([t if t is None else t.mean(0) for t in (fr, fs, lr, ls)])
+    return ClassMeans(*(stack(list(column)) for column in zip(*rows)))
+
+
+def distribution_distance(means: ClassMeans, match_logits: bool = False) -> torch.Tensor:
+    """The DM loss: sum_c ||mean h(real_c) - mean h(syn_c)||^2 (FedAF eq. 4), plus the same on
+    logits when `match_logits` (FedDM)."""
+    loss = ((means.real_features - means.syn_features) ** 2).sum()
+    if match_logits:
+        loss = loss + ((means.real_logits - means.syn_logits) ** 2).sum()
     return loss
+
+
+def dm_loss(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torch.Tensor],
+            augment: Augment | None = None, seed: int = 0, match_logits: bool = False,
+            batched: bool = True) -> torch.Tensor:
+    """The DM loss of one step (see `class_means` for the arguments)."""
+    return distribution_distance(class_means(model, real, syn, augment, seed, match_logits, batched), match_logits)
+
+
+def real_batch_indices(available: int, size: int, generator: torch.Generator) -> torch.Tensor:
+    """`size` indices into a class's `available` real images: distinct when there are enough,
+    drawn with replacement otherwise.
+
+    Every class then contributes `size` images to the real batch, as every class contributes
+    `ipc` to the synthetic one. With batch norm in training mode and all classes in one forward
+    pass, the batch statistics depend on the class proportions; equal proportions on both sides
+    keep a client's rare classes (a handful of images under strong label skew) from shifting the
+    real features that the synthetic ones are matched to.
+    """
+    if available >= size:
+        return torch.randperm(available, generator=generator)[:size]
+    return torch.randint(available, (size,), generator=generator)
 
 
 @torch.no_grad()
