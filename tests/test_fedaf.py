@@ -83,3 +83,34 @@ def test_ablations_and_feddm_run_and_log_condensed_images(run_tiny):
     events = EventAccumulator(str(run_dir / "tensorboard")).Reload()
     assert "condensed/images_per_class" in events.Tags()["images"]
     assert len(events.Images("condensed/images_per_class")) == 2  # one grid per round
+
+
+def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
+    """Appendix C at the paper's scale (IPC 50, ConvNet width 128, CIFAR-10 alpha 0.05, the real
+    partition): every client's upload follows the formula, the clients' mean is under half of the
+    ConvNet that FedAvg uploads, and a few percent of ResNet18 (the paper's Table 7 comparison)."""
+    from algorithms import make_algorithm
+    from raysim.config import load_config
+    from raysim.models import build_model
+    from raysim.runner import prepare
+    from tests.conftest import shared_data
+
+    root = shared_data("cifar10")
+    config = load_config(ROOT / "configs/fedaf/cifar10_alpha0.05.yaml", [f"dataset.root={root}"])
+    exp = prepare(config)
+    algorithm = make_algorithm(config)
+    ipc, classes = config.algorithm["ipc"], exp.dataset.num_classes
+    uploads = []
+    for counts in exp.counts:
+        held = np.flatnonzero(counts)
+        message = {"classes": held, "images": np.zeros((ipc * len(held), 3, 32, 32), np.uint8),
+                   "logits": np.zeros((classes, classes), np.float32), "soft": np.zeros((classes, classes), np.float32)}
+        uploads.append(algorithm.upload_bytes(message))
+        assert uploads[-1] == ipc * len(held) * 3 * 32 * 32 + 2 * classes * classes * 4
+
+    def model_bytes(model):
+        return sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.is_floating_point())
+    convnet = model_bytes(exp.spec.build())
+    resnet = model_bytes(build_model("resnet18", in_channels=3, num_classes=classes, image_size=32))
+    assert np.mean(uploads) < 0.5 * convnet
+    assert max(uploads) < 0.05 * resnet
