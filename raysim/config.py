@@ -83,6 +83,10 @@ class ResourcesConfig:
     max_task_retries: int = 3
     address: str | None = None  # Ray cluster to attach to (also RAY_ADDRESS)
     deterministic: bool = True  # deterministic cuDNN kernels on GPU
+    # Debug mode: the server and every client run serially in the driver process (breakpoints
+    # and profilers work; no actor start-up). Payloads and replies still go through the object
+    # store, and the numbers are the same as with actors.
+    in_process: bool = False
 
 
 @dataclass

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torchvision.models.resnet import BasicBlock
 
 from raysim.errors import RaysimError
 
@@ -192,6 +191,10 @@ class ResNet18(_Backbone):
     BasicBlocks (64/128/256/512, stride 1/2/2/2), adaptive average pool, linear 512 -> C."""
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int):
+        # Imported here: torchvision.models pulls in torch._dynamo, about 4 s of CPU in every
+        # process (each client actor), which only ResNet-18 users should pay.
+        from torchvision.models.resnet import BasicBlock
+
         super().__init__()
         layers: list[nn.Module] = [
             nn.Conv2d(in_channels, 64, kernel_size=3, padding=1, bias=False),

@@ -113,39 +113,19 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
     `on_round(info)` after every round (progress bars, Tune reports, fault tests).
     """
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raysim.engine.client_actor import ClientActor
-    from raysim.engine.ray_session import check_resources, plan_actors, ray_session
-    from raysim.engine.server import ServerActor
+    from raysim.engine.ray_session import ray_session
 
     exp = experiment or prepare(config)
     write_text(run_dir / CONFIG_FILE, dump_config(config))
     res = config.resources
     with ray_session(res, address):
-        num_actors, planned = plan_actors(res, config.clients.num)
-        if planned:
-            print(planned, file=sys.stderr)
-        check_resources(res, num_actors)
-        owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
-        train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
-        state_dir = str(run_dir / "client_state")
-        actors, shard_refs = [], []  # the refs stay alive here for the run: restarts read them again
-        placement = client_placement()
-        for a in range(num_actors):
-            shard_refs.append(ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}))
-            actors.append(ClientActor.options(
-                num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
-                max_task_retries=res.max_task_retries, scheduling_strategy=placement,
-            ).remote(config, exp.spec, [train_x, train_y, shard_refs[-1]], exp.mean, exp.std, state_dir,
-                     res.gpus_per_actor))
-        # The server lives on the driver's node, so the run directory is written where the user looks.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
-            config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
-            str(run_dir), actors, owner, exp.counts, exp.dataset.classes)
-        try:
-            actor_info = ray.get([a.info.remote() for a in actors])
+        if res.in_process:
+            server, actors, actor_info, refs = _in_process(config, exp, run_dir)
+        else:
+            server, actors, actor_info, refs = _start_actors(config, exp, run_dir)
+        try:  # `refs` keeps the shared arrays alive for the whole run
+            actor_info = actor_info or ray.get([a.info.remote() for a in actors])
             write_text(run_dir / "actors.yaml", "".join(
                 f"- actor: {i}\n  node_id: {info['node_id']}\n  device: {info['device']}\n"
                 f"  gpu_ids: {info['gpu_ids']}\n  clients: {info['clients']}\n"
@@ -159,8 +139,63 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
                     on_round(info)
             return ray.get(server.finish.remote())
         finally:
-            for handle in [server, *actors]:
-                ray.kill(handle, no_restart=True)
+            if not res.in_process:
+                for handle in [server, *actors]:
+                    ray.kill(handle, no_restart=True)
+
+
+def _start_actors(config: Config, exp: Experiment, run_dir: Path):
+    """The client actors (each holding a fixed shard of clients) and the server actor."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from raysim.engine.client_actor import ClientActor
+    from raysim.engine.ray_session import check_resources, plan_actors
+    from raysim.engine.server import ServerActor
+
+    res = config.resources
+    num_actors, planned = plan_actors(res, config.clients.num)
+    if planned:
+        print(planned, file=sys.stderr)
+    check_resources(res, num_actors)
+    owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
+    train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
+    state_dir = str(run_dir / "client_state")
+    actors, refs = [], [train_x, train_y]  # the caller keeps the refs for the run: restarts read them again
+    placement = client_placement()
+    for a in range(num_actors):
+        refs.append(ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}))
+        actors.append(ClientActor.options(
+            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
+            max_task_retries=res.max_task_retries, scheduling_strategy=placement,
+        ).remote(config, exp.spec, [train_x, train_y, refs[-1]], exp.mean, exp.std, state_dir,
+                 res.gpus_per_actor))
+    # The server lives on the driver's node, so the run directory is written where the user looks.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
+        config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
+        str(run_dir), actors, owner, exp.counts, exp.dataset.classes)
+    return server, actors, None, refs
+
+
+def _in_process(config: Config, exp: Experiment, run_dir: Path):
+    """resources.in_process: one client runtime holding every client, and the server, in this process."""
+    import ray
+
+    from raysim.engine.client_actor import ClientRuntime
+    from raysim.engine.in_process import InProcess
+    from raysim.engine.server import ServerRuntime
+
+    res = config.resources
+    clients = ClientRuntime(config, exp.spec, exp.dataset.train_x, exp.dataset.train_y, dict(enumerate(exp.parts)),
+                            exp.mean, exp.std, str(run_dir / "client_state"), res.gpus_per_actor)
+    actors = [InProcess(clients)]
+    server = InProcess(ServerRuntime(config, exp.spec, exp.dataset.test_x, exp.dataset.test_y, exp.mean, exp.std,
+                                     str(run_dir), actors, {k: 0 for k in clients.data}, exp.counts,
+                                     exp.dataset.classes))
+    info = [{"node_id": ray.get_runtime_context().get_node_id(), "device": f"{clients.device} (in process)",
+             "gpu_ids": [], "clients": sorted(clients.data)}]
+    return server, actors, info, []
 
 
 def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:

@@ -18,6 +18,14 @@ def shared_data(name: str) -> Path:
     return path
 
 
+# Files with the longest end-to-end runs start first, so the two xdist workers finish together.
+LONG_FIRST = ("test_tune.py", "test_real_data.py", "test_dynafed.py", "test_faults.py", "test_fedaf.py")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: keeps the order within files
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray
@@ -31,7 +39,7 @@ def ray_session():
 
 
 def tiny_overrides(**extra) -> list[str]:
-    """A small, fast experiment on the embedded dataset."""
+    """A small, fast experiment on the embedded dataset, on 2 client actors."""
     base = {"rounds": 2, "clients.num": 6, "clients.per_round": 6, "model.width": 8,
             "local.epochs": 1, "local.batch_size": 64, "partition.alpha": 0.5,
             "resources.actors": 2, "output.tensorboard": False}
@@ -39,19 +47,30 @@ def tiny_overrides(**extra) -> list[str]:
     return [f"{k}={v}" for k, v in base.items()]
 
 
+@pytest.fixture(scope="session")
+def _tiny_runs():
+    return {}
+
+
 @pytest.fixture
-def run_tiny(ray_session, tmp_path):
-    """Run a tiny experiment in-process on the shared Ray; returns (summary, run_dir)."""
+def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
+    """Run a tiny experiment on the shared Ray; returns (summary, run_dir). Treat the run as read-only.
+
+    Runs are in process (`resources.in_process`: no actor start-up, about 8 s of CPU per actor
+    on 2 cores) unless the test asks for `resources.in_process=False`; engine tests do, and one
+    checks that both give the same numbers. Runs are deterministic, so a run with the same
+    overrides is done once per session and shared.
+    """
     from raysim.config import load_config
     from raysim.runner import run_experiment
 
-    counter = {"n": 0}
-
     def run(**overrides):
-        counter["n"] += 1
-        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml",
-                             tiny_overrides(**overrides))
-        run_dir = tmp_path / f"run{counter['n']}"
-        run_dir.mkdir()
-        return run_experiment(config, run_dir), run_dir
+        overrides = {"resources.in_process": True, **overrides}
+        key = tuple(sorted((k, str(v)) for k, v in overrides.items()))
+        if key not in _tiny_runs:
+            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml",
+                                 tiny_overrides(**overrides))
+            run_dir = tmp_path_factory.mktemp("run")
+            _tiny_runs[key] = run_experiment(config, run_dir), run_dir
+        return _tiny_runs[key]
     return run

@@ -94,7 +94,7 @@ def test_feddyn_gradient_state_persists(run_tiny):
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco"])
 def test_every_algorithm_learns(run_tiny, name):
-    summary, run_dir = run_tiny(**{"algorithm.name": name, "rounds": 3, "model.width": 16,
+    summary, run_dir = run_tiny(**{"algorithm.name": name, "rounds": 3,
                                    "partition.alpha": 0.1})
     accuracy = server_values(run_dir)
     assert summary["final_accuracy"] > 0.25, accuracy     # chance is 0.1

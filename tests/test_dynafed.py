@@ -11,7 +11,7 @@ from raysim.condense.trajectory import distance_after_training, synthesize
 from raysim.models import build_model
 from raysim.tensors import module_weights
 
-TINY = {"algorithm.name": "dynafed", "rounds": 4, "algorithm.trajectory_rounds": 2, "algorithm.horizon": 1,
+TINY = {"algorithm.name": "dynafed", "rounds": 3, "algorithm.trajectory_rounds": 2, "algorithm.horizon": 1,
         "algorithm.inner_steps": 3, "algorithm.ipc": 2, "algorithm.iterations": 4, "algorithm.finetune_epochs": 2,
         "algorithm.diagnostic_segments": 2, "algorithm.syn_only_epochs": 5}
 
@@ -51,8 +51,9 @@ def test_trajectory_matching_reduces_the_distance_and_beats_noise():
 def test_a_dynafed_run_records_diagnostics_and_is_the_same_on_one_or_two_actors(run_tiny):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    summary_one, one = run_tiny(**{**TINY, "resources.actors": 1, "output.tensorboard": True})
-    summary_two, _ = run_tiny(**{**TINY, "resources.actors": 2})
+    summary_one, one = run_tiny(**{**TINY, "resources.actors": 1, "resources.in_process": False,
+                                   "output.tensorboard": True})
+    summary_two, _ = run_tiny(**{**TINY, "resources.actors": 2, "resources.in_process": False})
     for key in ("syn_distance", "real_distance", "noise_distance", "syn_only_accuracy"):
         assert key in summary_one and np.isfinite(summary_one[key])
         assert summary_one[key] == pytest.approx(summary_two[key], rel=1e-5)

@@ -13,16 +13,21 @@ def server_metric(run_dir, metric):
     return [(r["round"], r["value"]) for r in table if r["client"] is None and r["metric"] == metric]
 
 
-def test_same_numbers_with_one_or_two_actors(run_tiny):
-    _, one = run_tiny(**{"resources.actors": 1})
-    _, two = run_tiny(**{"resources.actors": 2})
+ACTORS = {"resources.in_process": False}
+
+
+def test_same_numbers_with_one_or_two_actors_or_in_process(run_tiny):
+    _, one = run_tiny(**ACTORS, **{"resources.actors": 1})
+    _, two = run_tiny(**ACTORS, **{"resources.actors": 2})
+    _, here = run_tiny(**{"resources.in_process": True})
     for metric in ("accuracy", "loss", "bytes_up", "bytes_down"):
-        assert server_metric(one, metric) == server_metric(two, metric), metric
+        assert server_metric(one, metric) == server_metric(two, metric) == server_metric(here, metric), metric
     assert len(server_metric(one, "accuracy")) == 2
+    assert yaml.safe_load((here / "actors.yaml").read_text())[0]["device"] == "cpu (in process)"
 
 
 def test_outputs_and_accounting(run_tiny):
-    summary, run_dir = run_tiny(**{"output.tensorboard": True, "clients.per_round": 3})
+    summary, run_dir = run_tiny(**ACTORS, **{"output.tensorboard": True, "clients.per_round": 3})
     for name in ("config.yaml", "metrics.parquet", "summary.json", "checkpoints/last.pt",
                  "checkpoints/final_model.pt", "actors.yaml"):
         assert (run_dir / name).exists(), name
@@ -52,7 +57,7 @@ def test_learns_above_chance(run_tiny):
 
 
 def test_fractional_gpus_place_four_actors_on_one_gpu(run_tiny):
-    _, run_dir = run_tiny(**{"resources.actors": 4, "resources.cpus_per_actor": 0.5,
+    _, run_dir = run_tiny(**ACTORS, **{"resources.actors": 4, "resources.cpus_per_actor": 0.5,
                              "resources.gpus_per_actor": 0.25, "rounds": 1})
     actors = yaml.safe_load((run_dir / "actors.yaml").read_text())
     assert len(actors) == 4
@@ -64,4 +69,4 @@ def test_asking_for_more_than_the_cluster_fails_clearly(run_tiny):
     from raysim.errors import RaysimError
 
     with pytest.raises(RaysimError, match="needs 8 GPUs .* has 1"):
-        run_tiny(**{"resources.actors": 1, "resources.gpus_per_actor": 8})
+        run_tiny(**ACTORS, **{"resources.actors": 1, "resources.gpus_per_actor": 8})

@@ -66,28 +66,12 @@ def test_a_trial_reserves_one_bundle_per_client_actor_and_an_empty_head():
     assert bundles == [{}] + [{"CPU": 1, "GPU": 0.25}] * 3
 
 
-def test_a_sweep_ranks_its_trials_and_writes_a_runnable_best_config(ray_session, tmp_path):
-    from raysim.tuning import resume_sweep, run_sweep
+def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_best_config(ray_session, tmp_path):
+    """Interrupt `raysim tune` during its first trial, then `--resume DIR` completes every trial,
+    ranks them and writes the best config; resuming the finished sweep reruns nothing."""
+    from raysim.tuning import resume_sweep
 
-    out = tmp_path / "out"
-    rows = run_sweep(load_sweep(write_sweep(tmp_path)), out)
-    table = pq.read_table(out / "trials.parquet").to_pylist()
-    assert len(table) == 2 and sorted(r["local.lr"] for r in table) == [0.01, 0.05]
-    assert table[0]["best_accuracy"] >= table[1]["best_accuracy"] > 0.2  # chance is 0.1
-    assert all(r["status"] == "finished" and r["rounds"] == 2 for r in table)
-    for row in table:  # every trial keeps the usual outputs
-        assert {"summary.json", "metrics.parquet", "config.yaml", "actors.yaml"} <= {
-            p.name for p in Path(row["run_dir"]).iterdir()}
-    best = load_config(out / "best.yaml")
-    assert best.local.lr == table[0]["local.lr"] and best.rounds == 2
-    # Resuming a finished sweep reruns nothing and gives the same table.
-    again = resume_sweep(out)
-    assert [(r["trial_id"], r["best_accuracy"]) for r in again] == [(r["trial_id"], r["best_accuracy"]) for r in rows]
-
-
-def test_an_interrupted_sweep_resumes_and_finishes(tmp_path):
-    """Interrupt `raysim tune` during its first trial, then `--resume DIR` completes every trial."""
-    sweep = write_sweep(tmp_path, overrides={**TINY_BASE, "rounds": 4}, concurrency=1)
+    sweep = write_sweep(tmp_path, overrides={**TINY_BASE, "rounds": 3}, concurrency=1)
     out = tmp_path / "out"
     env = {**os.environ, "RAY_DEDUP_LOGS": "1"}
     cmd = [sys.executable, "-m", "raysim.cli", "tune"]
@@ -107,8 +91,17 @@ def test_an_interrupted_sweep_resumes_and_finishes(tmp_path):
     done = subprocess.run([*cmd, "--resume", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     table = pq.read_table(out / "trials.parquet").to_pylist()
-    assert len(table) == 2 and all(r["status"] == "finished" and r["rounds"] == 4 for r in table), table
+    assert len(table) == 2 and all(r["status"] == "finished" and r["rounds"] == 3 for r in table), table
     assert "best config" in done.stdout
+    assert sorted(r["local.lr"] for r in table) == [0.01, 0.05]
+    assert table[0]["best_accuracy"] >= table[1]["best_accuracy"] > 0.2  # chance is 0.1
+    for row in table:  # every trial keeps the usual outputs
+        assert {"summary.json", "metrics.parquet", "config.yaml", "actors.yaml"} <= {
+            p.name for p in Path(row["run_dir"]).iterdir()}
+    best = load_config(out / "best.yaml")
+    assert best.local.lr == table[0]["local.lr"] and best.rounds == 3
+    again = resume_sweep(out)
+    assert [(r["trial_id"], r["best_accuracy"]) for r in again] == [(r["trial_id"], r["best_accuracy"]) for r in table]
 
 
 def test_auto_actors_follow_the_cluster(ray_session):

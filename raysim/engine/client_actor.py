@@ -35,7 +35,7 @@ class ClientRuntime:
                  state_dir: str | None, gpus: float = 0.0):
         self.config = config
         self.device = pick_device(gpus)
-        configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
+        self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
         self.algorithm = make_algorithm(config)
         self.ctx = Context(config, spec, self.device, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}

@@ -17,11 +17,13 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def configure_torch(cpus: float, device: torch.device, deterministic: bool) -> None:
-    """One torch thread per reserved CPU (fractional CPUs get one thread)."""
-    torch.set_num_threads(max(1, int(cpus)))
+def configure_torch(cpus: float, device: torch.device, deterministic: bool) -> int:
+    """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count."""
+    threads = max(1, int(cpus))
+    torch.set_num_threads(threads)
     # Object-store arrays are read-only; raysim only ever copies out of them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     if device.type == "cuda" and deterministic:
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+    return threads

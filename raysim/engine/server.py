@@ -41,7 +41,7 @@ class ServerRuntime:
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
-        configure_torch(threads, self.device, config.resources.deterministic)
+        self.threads = configure_torch(threads, self.device, config.resources.deterministic)
         self.ctx = Context(config, spec, self.device, mean, std)
         self.algorithm = make_algorithm(config)
         self.actors = actors
