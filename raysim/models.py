@@ -191,8 +191,9 @@ class ResNet18(_Backbone):
     BasicBlocks (64/128/256/512, stride 1/2/2/2), adaptive average pool, linear 512 -> C."""
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int):
-        # Imported here: torchvision.models pulls in torch._dynamo, about 4 s of CPU in every
-        # process (each client actor), which only ResNet-18 users should pay.
+        # Imported here: torchvision.models pulls in torch._dynamo (about 3-4 s of CPU). Processes
+        # that train pay it anyway at their first optimizer; the CLI, bad-input errors and a
+        # server that only evaluates do not have to.
         from torchvision.models.resnet import BasicBlock
 
         super().__init__()
