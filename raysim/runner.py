@@ -214,22 +214,25 @@ def run_with_progress(config: Config, run_dir: Path, address: str | None = None,
     from tqdm import tqdm
 
     exp = experiment or prepare(config)
-    bar = tqdm(total=config.rounds, desc=run_dir.name, unit="round", file=sys.stderr, dynamic_ncols=True)
+    # The bar appears once the actors are up, so that a run refused for its resources prints only the error.
+    bars = []
     moved = {"bytes": 0.0}
 
     def on_start(done: int, actors: list) -> None:
-        bar.update(done)
+        bars.append(tqdm(total=config.rounds, initial=done, desc=run_dir.name, unit="round", file=sys.stderr,
+                         dynamic_ncols=True))
 
     def on_round(info: dict[str, Any]) -> None:
         moved["bytes"] += info["bytes_up"] + info["bytes_down"]
         postfix = {"acc": f"{info['accuracy']:.4f}"} if "accuracy" in info else {}
         postfix["moved"] = f"{moved['bytes'] / 1e6:.1f}MB"
-        bar.set_postfix(postfix, refresh=False)
-        bar.update(1)
+        bars[0].set_postfix(postfix, refresh=False)
+        bars[0].update(1)
 
     try:
         summary = run_experiment(config, run_dir, address, on_round=on_round, on_start=on_start, experiment=exp)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     print(one_line_summary(summary, run_dir))
     return summary

@@ -61,11 +61,14 @@ def check_resources(resources: ResourcesConfig, actors: int | None = None) -> No
     actors = resources.actors if actors is None else actors
     wanted = {"CPU": actors * resources.cpus_per_actor,
               "GPU": actors * resources.gpus_per_actor + resources.server_gpus}
+    short = []
     for kind, need in wanted.items():
         have = total.get(kind, 0.0)
         if need > have + 1e-9:
-            raise RaysimError(
-                f"the run needs {need:g} {kind}s (resources.actors={actors} x "
-                f"resources.{kind.lower()}s_per_actor={getattr(resources, kind.lower() + 's_per_actor'):g}"
-                + (f" + resources.server_gpus={resources.server_gpus:g}" if kind == "GPU" and resources.server_gpus else "")
-                + f") but the Ray cluster has {have:g}: lower resources.actors or the per-actor share")
+            share = f"resources.{kind.lower()}s_per_actor={getattr(resources, kind.lower() + 's_per_actor'):g}"
+            if kind == "GPU" and resources.server_gpus:
+                share += f" + resources.server_gpus={resources.server_gpus:g}"
+            short.append(f"{need:g} {kind}s (resources.actors={actors} x {share}) but the Ray cluster has {have:g}")
+    if short:
+        # every shortfall in the one line, so that 8 GPUs on a CPU machine is named even when CPUs are short too
+        raise RaysimError("the run needs " + " and ".join(short) + ": lower resources.actors or the per-actor share")
