@@ -108,7 +108,8 @@ def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
     return tune.Tuner(
         resources, param_space=_param_space(sweep),
         tune_config=tune.TuneConfig(
-            num_samples=sweep.samples, max_concurrent_trials=sweep.concurrency, scheduler=scheduler,
+            # The generator enforces the concurrency (Tune ignores max_concurrent_trials with it, and warns).
+            num_samples=sweep.samples, scheduler=scheduler,
             search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.concurrency)),
         run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0))
 
