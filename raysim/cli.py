@@ -13,7 +13,7 @@ EXIT_USER_ERROR = 2
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
-    from raysim.runner import new_run_dir, resume_config, run_with_progress
+    from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
     if args.resume:
         if args.config and "=" not in args.config:
@@ -36,6 +36,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'",
               file=sys.stderr)
         return 130
+    except RaysimError:
+        if not args.resume:  # refused before its first round (e.g. resources): the same --out works again
+            discard_unstarted_run(run_dir)
+        raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from ray.exceptions import RayError
         if not isinstance(exc, RayError):

@@ -76,6 +76,13 @@ def new_run_dir(config: Config, out: str | None) -> Path:
     return run_dir
 
 
+def discard_unstarted_run(run_dir: Path) -> None:
+    """Remove a run directory that holds only its config: nothing ran, so nothing is lost."""
+    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [CONFIG_FILE]:
+        (run_dir / CONFIG_FILE).unlink()
+        run_dir.rmdir()
+
+
 def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
     """The run's own config; only `rounds` (to extend a run) and `resources.*` may change."""
     run_dir = Path(run_dir)

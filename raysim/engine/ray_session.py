@@ -26,6 +26,9 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
     if target:
         ray.init(address=target, logging_level=logging.WARNING)
     else:
+        # A private Ray on this machine, stopped with the run: Ray's notice that it turned token
+        # authentication on is nothing the user can act on, and it would sit beside our one-line errors.
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", num_cpus=resources.num_cpus or os.cpu_count(),
                  num_gpus=resources.num_gpus or 0, include_dashboard=False,
                  object_store_memory=resources.object_store_mb * 2**20, logging_level=logging.WARNING)
