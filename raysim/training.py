@@ -1,6 +1,7 @@
 """Local training and evaluation loops shared by the algorithms."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -53,6 +54,21 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local:
             steps += 1
             total += float(loss.detach())
     return steps, total / max(steps, 1)
+
+
+@contextmanager
+def batchnorm_statistics_frozen(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """Train-mode batch norm that normalises with each batch's statistics but leaves the running
+    statistics (the ones used at test time) untouched: momentum 0 inside, restored on exit."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    saved = [m.momentum for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield model
+    finally:
+        for m, momentum in zip(norms, saved):
+            m.momentum = momentum
 
 
 @torch.no_grad()

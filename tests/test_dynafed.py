@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.condense.trajectory import distance_after_training, synthesize
+from raysim.condense.trajectory import classifier_names, distance_after_training, normalised_distance, synthesize
 from raysim.models import build_model
 from raysim.tensors import module_weights
 
@@ -41,11 +41,46 @@ def test_trajectory_matching_reduces_the_distance_and_beats_noise():
     x, y, step, losses = synthesize(model, trajectory, images, labels, iterations=60, image_lr=0.05, label_lr=0.05,
                                     step_size=0.1, step_size_lr=0.01, generator=g, **kwargs)
     assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
+    assert step != pytest.approx(0.1, abs=1e-4)  # the step size is learned too
     measure = dict(step_size=step, segments=4, **kwargs)
     syn = distance_after_training(model, trajectory, x, y, generator=torch.Generator().manual_seed(1), **measure)
     noise = distance_after_training(model, trajectory, torch.randn(8, 1, 4, 4), torch.zeros(8, 2),
                                     generator=torch.Generator().manual_seed(1), **measure)
     assert syn < noise
+
+
+def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
+    model, trajectory = toy_trajectory()
+    names = [n for n, _ in model.named_parameters()]
+    start, target = ({n: torch.as_tensor(w[n]) for n in names} for w in (trajectory[0], trajectory[-1]))
+    shift_free = classifier_names(model)
+    assert shift_free == ("classifier.weight", "classifier.bias")
+    # Adding one vector to every class row of the classifier changes no prediction ...
+    shifted = dict(start)
+    shifted["classifier.weight"] = start["classifier.weight"] + torch.randn(1, start["classifier.weight"].shape[1])
+    shifted["classifier.bias"] = start["classifier.bias"] + 3.0
+    assert normalised_distance(shifted, start, target, shift_free) == pytest.approx(1.0, rel=1e-5)
+    assert normalised_distance(shifted, start, target) > 1.5  # ... but the Euclidean distance counts it
+    # ... and no cross-entropy gradient has such a component: its class rows sum to zero.
+    x = torch.randn(16, 1, 4, 4)
+    loss = torch.nn.functional.cross_entropy(model(x), torch.randint(0, 2, (16,)))
+    grad = torch.autograd.grad(loss, [model.classifier.weight, model.classifier.bias])
+    assert all(g.sum(0).abs().max() < 1e-6 for g in grad)
+
+
+def test_finetuning_can_keep_the_aggregated_batchnorm_statistics():
+    from algorithms.dynafed import finetune
+
+    torch.manual_seed(0)
+    model = build_model("convnet", in_channels=1, num_classes=2, image_size=8, width=4, depth=1, norm="batchnorm")
+    bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    x, labels = torch.randn(8, 1, 8, 8) * 3 + 2, torch.zeros(8, 2)
+    before, weight_before = bn.running_mean.clone(), bn.weight.detach().clone()
+    finetune(model, x, labels, 2, 4, 0.1, torch.Generator().manual_seed(0), None, keep_bn_statistics=True)
+    assert torch.equal(bn.running_mean, before) and bn.momentum == 0.1  # untouched, momentum restored
+    assert not torch.equal(bn.weight.detach(), weight_before)  # while the weights did train
+    finetune(model, x, labels, 2, 4, 0.1, torch.Generator().manual_seed(0), None)
+    assert not torch.equal(bn.running_mean, before)  # the authors' behaviour: re-estimated on D_syn
 
 
 def test_a_dynafed_run_records_diagnostics_and_is_the_same_on_one_or_two_actors(run_tiny):
