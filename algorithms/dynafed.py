@@ -27,6 +27,7 @@ for the noise), and the test accuracy of a model trained from scratch on D_syn a
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,21 +57,19 @@ def finetune(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor
              lr: float, generator: torch.Generator, augment: DSA | None, keep_bn_statistics: bool = False) -> None:
     """Train `model` on (x, soft labels) with Adam (the server-side refinement of Algorithm 2).
     keep_bn_statistics: batch norm's running statistics stay those the clients aggregated."""
-    if keep_bn_statistics:
-        with batchnorm_statistics_frozen(model):
-            return finetune(model, x, label_logits, epochs, batch_size, lr, generator, augment)
     model.train()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator).to(x.device)
-        for idx in even_batches(order, batch_size):
-            xb = x[idx]
-            if augment is not None:
-                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            loss = soft_cross_entropy(model(xb), label_logits[idx])
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+    with batchnorm_statistics_frozen(model) if keep_bn_statistics else nullcontext():
+        for _ in range(epochs):
+            order = torch.randperm(len(x), generator=generator).to(x.device)
+            for idx in even_batches(order, batch_size):
+                xb = x[idx]
+                if augment is not None:
+                    xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+                loss = soft_cross_entropy(model(xb), label_logits[idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
 
 
 class DynaFed(FedAvg):
