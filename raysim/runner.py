@@ -34,6 +34,10 @@ class Experiment:
 
 
 def prepare(config: Config) -> Experiment:
+    if config.dataset.name == "embedded" and config.dataset.root is not None:
+        # Not an error (the run is valid), but a user who set a root almost surely meant another dataset.
+        print(f"note: dataset.root={config.dataset.root} is ignored: the embedded dataset ships inside raysim "
+              f"(set dataset.name, e.g. dataset.name=fashion_mnist, to read files under that root)", file=sys.stderr)
     dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.image_size)
     p = config.partition
     seed = config.seed if p.seed is None else p.seed

@@ -92,3 +92,14 @@ def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
     assert len(errors) == 1 and errors[0].startswith("raysim: error: the run needs 16 GPUs"), result.stderr
     assert "has 0" in errors[0]
     assert not (tmp_path / "run").exists()  # nothing ran: the same --out can be used again
+
+
+def test_a_root_given_for_the_embedded_dataset_is_noted_as_ignored(capsys):
+    from raysim.config import load_config
+    from raysim.runner import prepare
+
+    prepare(load_config(QUICK, ["dataset.root=/some/data"]))
+    err = capsys.readouterr().err
+    assert "dataset.root=/some/data is ignored" in err and "dataset.name=" in err
+    prepare(load_config(QUICK, []))
+    assert "ignored" not in capsys.readouterr().err

@@ -83,11 +83,12 @@ def test_finetuning_can_keep_the_aggregated_batchnorm_statistics():
     assert not torch.equal(bn.running_mean, before)  # the authors' behaviour: re-estimated on D_syn
 
 
-def test_a_dynafed_run_records_diagnostics_and_is_the_same_on_one_or_two_actors(run_tiny):
+def test_a_dynafed_run_records_diagnostics_and_is_the_same_in_process_or_on_two_actors(run_tiny):
+    """In process (every client in one runtime, as on one actor; tests/test_engine.py shows that equals
+    one actor) against two actors."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    summary_one, one = run_tiny(**{**TINY, "resources.actors": 1, "resources.in_process": False,
-                                   "output.tensorboard": True})
+    summary_one, one = run_tiny(**{**TINY, "output.tensorboard": True})
     summary_two, _ = run_tiny(**{**TINY, "resources.actors": 2, "resources.in_process": False})
     for key in ("syn_distance", "real_distance", "noise_distance", "syn_only_accuracy"):
         assert key in summary_one and np.isfinite(summary_one[key])

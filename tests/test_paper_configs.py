@@ -1,5 +1,5 @@
-"""The FedAF/FedDM experiment configs under configs/fedaf and configs/feddm: every file validates,
-and the full-scale ones carry the FedAF paper's numbers (papers/000_714629ae6904321c.txt).
+"""The shipped experiment configs: every file validates and says how to run it; the full-scale FedAF/FedDM
+ones carry the FedAF paper's numbers (papers/000_714629ae6904321c.txt), the DynaFed ones its Sec. 6.1 setting.
 
 Config validation only: no Ray, no data (dataset.root is overridden with a dummy path).
 """
@@ -137,3 +137,26 @@ def test_domainnet(algo):
     assert (config.clients.num, config.clients_per_round(), config.rounds) == (6, 6, 10)
     assert config.algorithm["ipc"] == 20
     assert config.algorithm["image_lr"] == pytest.approx(1.0)
+
+
+OTHERS = sorted(p for folder in ("configs", "configs/dynafed", "configs/fedavg") for p in (ROOT / folder).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", OTHERS, ids=rel)
+def test_every_other_shipped_config_validates_and_says_how_to_run_it(path):
+    config = load(path)
+    assert path.parent.name in ("configs", config.algorithm["name"])
+    text = path.read_text()
+    assert text.startswith("#") and f"raysim run {rel(path)}" in text
+
+
+@pytest.mark.parametrize("path", [p for p in OTHERS if p.parent.name == "dynafed" and not p.name.endswith("_cpu.yaml")],
+                         ids=rel)
+def test_dynafed_paper_scale_settings(path):
+    """DynaFed's Sec. 6.1 setting: 80 clients, 40% a round, L = 20, 1 local epoch and 200 rounds (the
+    local-epoch study: 100 rounds of 5 epochs, 50 of 10)."""
+    config = load(path)
+    alg = config.algorithm
+    assert (config.clients.num, config.clients.per_round, alg["trajectory_rounds"]) == (80, 0.4, 20)
+    assert (config.local.epochs, config.rounds) in {(1, 200), (5, 100), (10, 50)}
+    assert (alg["iterations"], alg["inner_steps"]) == (3000, 20)
