@@ -22,8 +22,14 @@ class InProcess:
 
         def remote(*args: Any) -> ray.ObjectRef:
             # The torch threads the runtime's actor would have: the server and the clients share
-            # this process, and the thread count must not change the numbers.
+            # this process, and the thread count changes the numbers of multi-threaded kernels. The
+            # server calls the clients in the middle of its round, so the caller's count is restored
+            # afterwards (else a server that trains, as DynaFed's does, would go on with one thread).
+            caller_threads = torch.get_num_threads()
             torch.set_num_threads(self._runtime.threads)
-            resolved = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]  # as Ray does for actors
-            return ray.put(method(*resolved))
+            try:
+                resolved = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]  # as Ray does for actors
+                return ray.put(method(*resolved))
+            finally:
+                torch.set_num_threads(caller_threads)
         return SimpleNamespace(remote=remote)
