@@ -132,11 +132,11 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
     res = config.resources
     with ray_session(res, address):
         if res.in_process:
-            server, actors, actor_info, refs = _in_process(config, exp, run_dir)
+            server, actors, refs = _in_process(config, exp, run_dir)
         else:
-            server, actors, actor_info, refs = _start_actors(config, exp, run_dir)
+            server, actors, refs = _start_actors(config, exp, run_dir)
         try:  # `refs` keeps the shared arrays alive for the whole run
-            actor_info = actor_info or ray.get([a.info.remote() for a in actors])
+            actor_info = ray.get([a.info.remote() for a in actors])
             write_text(run_dir / "actors.yaml", "".join(
                 f"- actor: {i}\n  node_id: {info['node_id']}\n  device: {info['device']}\n"
                 f"  gpu_ids: {info['gpu_ids']}\n  clients: {info['clients']}\n"
@@ -186,13 +186,11 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
         config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
         str(run_dir), actors, owner, exp.counts, exp.dataset.classes)
-    return server, actors, None, refs
+    return server, actors, refs
 
 
 def _in_process(config: Config, exp: Experiment, run_dir: Path):
     """resources.in_process: one client runtime holding every client, and the server, in this process."""
-    import ray
-
     from raysim.engine.client_actor import ClientRuntime
     from raysim.engine.in_process import InProcess
     from raysim.engine.server import ServerRuntime
@@ -204,9 +202,7 @@ def _in_process(config: Config, exp: Experiment, run_dir: Path):
     server = InProcess(ServerRuntime(config, exp.spec, exp.dataset.test_x, exp.dataset.test_y, exp.mean, exp.std,
                                      str(run_dir), actors, {k: 0 for k in clients.data}, exp.counts,
                                      exp.dataset.classes))
-    info = [{"node_id": ray.get_runtime_context().get_node_id(), "device": f"{clients.device} (in process)",
-             "gpu_ids": [], "clients": sorted(clients.data)}]
-    return server, actors, info, []
+    return server, actors, []
 
 
 def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:

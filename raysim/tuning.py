@@ -31,10 +31,16 @@ TUNE_DIR, RUNS_DIR = "tune", "runs"
 
 
 def trial_bundles(resources: ResourcesConfig) -> list[dict[str, float]]:
-    """Placement-group bundles for one trial: empty head, then one bundle per client actor."""
+    """Placement-group bundles for one trial: empty head, then one bundle per client actor.
+
+    With resources.in_process the trial's own process trains every client, so the head bundle
+    holds one actor's CPUs (and GPU) and there are no actor bundles.
+    """
     actor = {"CPU": resources.cpus_per_actor}
     if resources.gpus_per_actor:
         actor["GPU"] = resources.gpus_per_actor
+    if resources.in_process:
+        return [actor]
     head = {"GPU": resources.server_gpus} if resources.server_gpus else {}
     return [head] + [dict(actor) for _ in range(resources.actors)]
 

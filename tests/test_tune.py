@@ -66,6 +66,11 @@ def test_a_trial_reserves_one_bundle_per_client_actor_and_an_empty_head():
     assert bundles == [{}] + [{"CPU": 1, "GPU": 0.25}] * 3
 
 
+def test_an_in_process_trial_reserves_the_cpus_its_own_process_trains_with():
+    bundles = trial_bundles(ResourcesConfig(actors=3, cpus_per_actor=2, in_process=True))
+    assert bundles == [{"CPU": 2}]
+
+
 def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_best_config(ray_session, tmp_path):
     """Interrupt `raysim tune` during its first trial, then `--resume DIR` completes every trial,
     ranks them and writes the best config; resuming the finished sweep reruns nothing."""

@@ -46,6 +46,14 @@ class ClientRuntime:
                                  torch.from_numpy(y).to(self.device), counts)
         self.states = ClientStateStore(state_dir)
 
+    def info(self) -> dict[str, Any]:
+        """Where these clients live, for the run directory's actors.yaml."""
+        context = ray.get_runtime_context()
+        where = " (in process)" if self.config.resources.in_process else ""
+        return {"node_id": context.get_node_id(), "pid": os.getpid(), "device": f"{self.device}{where}",
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "clients": sorted(self.data),
+                "threads": torch.get_num_threads()}
+
     def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
         start = time.perf_counter()
         seed = derive_seed(self.config.seed, CLIENT_TRAIN, round_index, client)
@@ -73,10 +81,7 @@ class ClientActor:
         self.runtime = ClientRuntime(config, spec, train_x, train_y, client_indices, *args, **kwargs)
 
     def info(self) -> dict[str, Any]:
-        context = ray.get_runtime_context()
-        return {"node_id": context.get_node_id(), "pid": os.getpid(), "device": str(self.runtime.device),
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "clients": sorted(self.runtime.data),
-                "threads": torch.get_num_threads()}
+        return self.runtime.info()
 
     def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
         return self.runtime.run_client(payload, round_index, client)
