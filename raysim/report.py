@@ -27,8 +27,25 @@ def experiment_key(config: dict[str, Any]) -> str:
 def label(config: dict[str, Any], differing: set[str]) -> str:
     flat = flatten(config)
     parts = [config["algorithm"]["name"], config["dataset"]["name"]]
-    parts += [f"{k}={flat[k]}" for k in sorted(differing) if k not in ("algorithm.name", "dataset.name")]
+    parts += [f"{k}={flat[k]}" for k in sorted(differing)
+              if k in flat and k not in ("algorithm.name", "dataset.name")]
     return " ".join(str(p) for p in parts)
+
+
+def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
+    """Settings that tell the rows apart. An algorithm's own parameters count only between runs of
+    that algorithm: FedDM's rho does not label it against FedAvg, which has none."""
+    flats = [flatten({k: v for k, v in c.items() if k not in ("seed", "resources", "output")}) for c in configs]
+
+    def differ(group: list[dict[str, Any]], keys: set[str]) -> set[str]:
+        return {k for k in keys if len({json.dumps(f.get(k)) for f in group}) > 1}
+
+    shared = {k for f in flats for k in f if not k.startswith("algorithm.")}
+    keys = differ(flats, shared | {"algorithm.name"})
+    for name in {f["algorithm.name"] for f in flats}:
+        group = [f for f in flats if f["algorithm.name"] == name]
+        keys |= differ(group, {k for f in group for k in f if k.startswith("algorithm.")})
+    return keys
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -56,8 +73,7 @@ def report(run_dirs: list[str]) -> str:
     groups: dict[str, list] = {}
     for run_dir, summary, config in runs:
         groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
-    flats = [flatten({k: v for k, v in c.items() if k not in ("seed", "resources", "output")}) for _, _, c in runs]
-    differing = {k for k in set().union(*flats) if len({json.dumps(f.get(k)) for f in flats}) > 1}
+    differing = differing_keys([c for _, _, c in runs])
     header = ["experiment", "seeds", "final acc", "best acc", "rounds", "MB up", "MB down", "time s"]
     rows = []
     for members in groups.values():

@@ -83,6 +83,36 @@ def test_report_folds_seeds(run_tiny, tmp_path):
     assert result.stdout.splitlines()[2].split()[2] == "2"  # one row: 2 seeds
 
 
+def test_report_compares_algorithms_with_different_parameters(tmp_path):
+    """FedAvg beside FedDM and FedAF (each with its own algorithm.* keys), FedDM at two settings."""
+    import json
+
+    import yaml
+
+    from raysim.report import report
+
+    def fake_run(name: str, algorithm: dict, seed: int, best: float) -> str:
+        run = tmp_path / name
+        run.mkdir()
+        config = {"seed": seed, "rounds": 10, "dataset": {"name": "cifar10"}, "algorithm": algorithm}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        (run / "summary.json").write_text(json.dumps({
+            "final_accuracy": best, "best_accuracy": best, "rounds": 10, "bytes_up": 1e6, "bytes_down": 1e6,
+            "wall_time_s": 60.0}))
+        return str(run)
+
+    runs = [fake_run("avg", {"name": "fedavg"}, 0, 0.40),
+            fake_run("dm10", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 0, 0.39),
+            fake_run("dm10b", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 1, 0.41),
+            fake_run("dm2", {"name": "feddm", "rho": 5.0, "init_average_of": 2}, 0, 0.51),
+            fake_run("af", {"name": "fedaf", "gamma": 0.5}, 0, 0.48)]
+    rows = report(runs).splitlines()[2:]
+    assert [r.split("  ")[0] for r in rows] == [
+        "fedavg cifar10", "feddm cifar10 algorithm.init_average_of=10", "feddm cifar10 algorithm.init_average_of=2",
+        "fedaf cifar10"]
+    assert "0.4000 +- 0.0141" in rows[1]  # two seeds folded
+
+
 def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
     result = raysim("run", QUICK, "resources.actors=2", "resources.gpus_per_actor=8", "resources.num_cpus=2",
                     "--out", str(tmp_path / "run"))
