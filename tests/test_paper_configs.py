@@ -142,6 +142,17 @@ def test_domainnet(algo):
 OTHERS = sorted(p for folder in ("configs", "configs/dynafed", "configs/fedavg") for p in (ROOT / folder).glob("*.yaml"))
 
 
+@pytest.mark.parametrize("name", ["cifar10_cpu", "fmnist_cpu", "cifar100_cpu"])
+def test_cpu_comparisons_share_partition_model_and_rounds(name):
+    """The issue's comparison: FedAvg, FedDM and FedAF CPU configs share seed, data, partition,
+    clients, model and rounds; FedDM and FedAF also share the condensation and server budget."""
+    configs = {algo: load(ROOT / "configs" / algo / f"{name}.yaml") for algo in ("fedavg", "feddm", "fedaf")}
+    shared = [(c.seed, c.rounds, c.dataset, c.partition, c.clients, c.model) for c in configs.values()]
+    assert shared[0] == shared[1] == shared[2]
+    budget = ("ipc", "steps", "real_batch", "server_epochs", "server_batch", "server_lr")  # image lr: per paper
+    assert {k: configs["feddm"].algorithm[k] for k in budget} == {k: configs["fedaf"].algorithm[k] for k in budget}
+
+
 @pytest.mark.parametrize("path", OTHERS, ids=rel)
 def test_every_other_shipped_config_validates_and_says_how_to_run_it(path):
     config = load(path)
