@@ -4,6 +4,10 @@ condensed sets; the server trains the global model on the union of them.
 Subclasses choose the model that each condensation step matches through
 (`matching_model`), add loss terms (`extra_condensation_loss`, `server_extra_loss`)
 and decide whether a client's set persists between rounds (`initial_set`).
+When a subclass adds a condensation term, every GRAD_RATIO_EVERY steps the client measures
+the norm of that term's gradient on the images against the DM term's, and logs the mean ratio
+as `<extra_loss_name>_dm_grad_ratio` (metrics.parquet, per client and round): it tells whether
+the term's weight gives it any say at all.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 
 PREVIEW_PER_CLASS = 10  # condensed images per class kept for the TensorBoard grid
+GRAD_RATIO_EVERY = 10   # condensation steps between two measurements of the extra term's gradient share
 
 
 @dataclass
@@ -56,6 +61,13 @@ class CondensationParams:
             raise RaysimError(f"algorithm.init must be real, average or noise, got '{self.init}'")
 
 
+def gradient_ratio(extra: torch.Tensor, dm: torch.Tensor, syn: torch.Tensor) -> float:
+    """||d extra / d syn|| / ||d dm / d syn||, leaving both graphs for the step's backward pass."""
+    (g_extra,) = torch.autograd.grad(extra, syn, retain_graph=True)
+    (g_dm,) = torch.autograd.grad(dm, syn, retain_graph=True)
+    return float(g_extra.norm() / g_dm.norm().clamp_min(1e-12))
+
+
 def frozen(model: torch.nn.Module) -> torch.nn.Module:
     for p in model.parameters():
         p.requires_grad_(False)
@@ -63,8 +75,8 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class CondensedDataAlgorithm(Algorithm):
-    match_logits = False  # DM on logits too (FedDM)
-    syn_logits = False    # the synthetic images' class-mean logits are needed by a loss term (FedAF's CDC)
+    match_logits = False    # DM on logits too (FedDM)
+    extra_loss_name = "extra"  # names the gradient-ratio metric of `extra_condensation_loss`
 
     # ------------------------------------------------------------- client
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
@@ -77,18 +89,23 @@ class CondensedDataAlgorithm(Algorithm):
         optimizer = torch.optim.SGD([syn], lr=p.image_lr, momentum=p.image_momentum)
         augment = DSA() if p.dsa else None
         g = client.generator
-        for _ in range(p.steps):
+        ratios = []
+        for step in range(p.steps):
             seed = int(torch.randint(2**31 - 1, (1,), generator=g))
             net = self.matching_model(payload, client, ctx, seed)
             batch = [r[real_batch_indices(len(r), p.real_batch, g).to(r.device)] for r in real]
-            means = class_means(net, batch, list(syn), augment, seed, logits=self.match_logits or self.syn_logits,
-                                batched=p.dm_batched)
-            loss = distribution_distance(means, self.match_logits)
-            loss = loss + self.extra_condensation_loss(payload, means, classes, seed)
+            means = class_means(net, batch, list(syn), augment, seed, logits=self.match_logits, batched=p.dm_batched)
+            dm = distribution_distance(means, self.match_logits)
+            extra = self.extra_condensation_loss(payload, means, syn, classes, seed, ctx)
+            if step % GRAD_RATIO_EVERY == 0 and torch.is_tensor(extra) and extra.requires_grad:
+                ratios.append(gradient_ratio(extra, dm, syn))
+            loss = dm + extra
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             self.clip_image_grad(syn)
             optimizer.step()
+        if ratios:
+            client.metrics[f"{self.extra_loss_name}_dm_grad_ratio"] = float(np.mean(ratios))
         client.metrics["condense_loss"] = float(loss.detach())
         client.metrics["time_condense_s"] = time.perf_counter() - started
         self.after_condensation(syn.detach(), client, classes)
@@ -111,8 +128,10 @@ class CondensedDataAlgorithm(Algorithm):
     def matching_model(self, payload, client, ctx, seed: int) -> torch.nn.Module:
         raise NotImplementedError
 
-    def extra_condensation_loss(self, payload, means: ClassMeans, classes, seed) -> torch.Tensor | float:
-        """Terms added to the DM loss of a step, from the same forward pass's class means."""
+    def extra_condensation_loss(self, payload, means: ClassMeans, syn: torch.Tensor, classes, seed: int,
+                                ctx: Context) -> torch.Tensor | float:
+        """Terms added to the DM loss of a step (`means`: that step's class means; `syn`: the images,
+        (len(classes), ipc, C, H, W))."""
         return 0.0
 
     def clip_image_grad(self, syn: torch.Tensor) -> None:
@@ -149,7 +168,7 @@ class CondensedDataAlgorithm(Algorithm):
         load_weights(model, state["weights"])
         train_on_synthetic(model, x, y, p.server_epochs, p.server_batch, p.server_lr, p.server_momentum,
                            torch_generator(self.config.seed, SERVER, round_index),
-                           augment=DSA() if p.server_dsa else None,
+                           augment=DSA(per_image=True) if p.server_dsa else None,  # one transform per image (DSA authors, seed=-1)
                            extra_loss=self.server_extra_loss(state, ctx))
         state["weights"] = module_weights(model)
         state["preview"] = self.preview(x, y, ctx)

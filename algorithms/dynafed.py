@@ -6,10 +6,15 @@ FedAvg rounds, plus on the server:
                 from a random w_t, s' unrolled SGD steps on D_syn with a learnable step size
                 should land near w_{t+s}; minimise the normalised distance (eq. 3-4);
   rounds > L:   fine-tune the aggregated model on D_syn (Algorithm 2, line 12).
-Choices where the paper is silent (from the authors' code, see ALGORITHMS.md): images start from
-noise, soft labels from zero logits (equal probabilities); the target is the mean of the last
-`target_average` checkpoints of the segment; Adam for images, labels and the step size itself;
-fine-tuning with Adam and DSA. The trajectory holds w_0..w_L (L + 1 checkpoints).
+Choices where the paper is silent, as in the authors' code: images start from noise, soft labels
+from zero logits (equal probabilities); the target is the mean of `target_average` checkpoints drawn
+with replacement from w_{t+1..t+s} (the paper: 2 sampled between w_t and w_{t+s}; the code draws 2-3,
+`target_average_max: 3`); every unrolled step trains on the whole D_syn (`syn_batch: 0`) with DSA
+parameters drawn per image; the inner loss is the soft cross-entropy averaged over batch *and*
+classes (their `kd_loss`), the units of their step size 0.04; Adam for images, labels and the step
+size itself; fine-tuning with Adam, DSA per image and the same loss. Clients keep their Adam state
+between rounds (`local.keep_optimizer: true` in the configs). The ConvNet uses instance norm in the
+configs, as theirs. The trajectory holds w_0..w_L (L + 1 checkpoints).
 Two choices of ours, each a parameter (false restores the authors' code), both measured on CIFAR-10
 with 80 Adam clients at L = 19:
 - shift_invariant: distances ignore a shift shared by all classifier rows. It changes no prediction,
@@ -47,6 +52,12 @@ DIAGNOSTIC_STEP_FRACTIONS = (1.0, 0.5, 0.25, 0.125)  # of D_syn's learned step s
 HARD_LABEL_LOGIT = 10.0  # softmax of 10 x one-hot puts 0.9995 on the class: a hard label as soft-label logits
 
 
+def augmentation(enabled: bool) -> DSA | None:
+    """DSA with parameters drawn per image, as the authors' DiffAugment without a seed: one family per
+    batch, a different transform for each image (a batch of D_syn is then not one picture moved alike)."""
+    return DSA(per_image=True) if enabled else None
+
+
 def class_logits(num_classes: int, ipc: int, scale: float, device) -> torch.Tensor:
     """Label logits for ipc images per class in class order: scale x one-hot."""
     own_class = torch.arange(num_classes, device=device).repeat_interleave(ipc)
@@ -64,7 +75,7 @@ def finetune(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor
             order = torch.randperm(len(x), generator=generator).to(x.device)
             for idx in even_batches(order, batch_size):
                 xb = x[idx]
-                if augment is not None:
+                if augment is not None:  # per-image DSA (see `augmentation`)
                     xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
                 loss = soft_cross_entropy(model(xb), label_logits[idx])
                 optimizer.zero_grad(set_to_none=True)
@@ -81,10 +92,11 @@ class DynaFed(FedAvg):
         trajectory_rounds: int = 20   # L: rounds whose global models form the trajectory
         horizon: int = 5              # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
         inner_steps: int = 20         # s': unrolled SGD steps on D_syn
-        target_average: int = 2       # checkpoints averaged into the target
+        target_average: int = 2       # checkpoints averaged into the target (paper: 2)
+        target_average_max: int = 2   # draw their number from [target_average, this] (authors' code: 3)
         ipc: int = 15                 # synthetic images per class (|D_syn| = ipc x classes)
         iterations: int = 3000        # N: synthesis iterations
-        syn_batch: int = 256          # images per unrolled step (all of them when fewer)
+        syn_batch: int = 0            # images per unrolled step; 0: all of D_syn (authors' code)
         image_lr: float = 0.05        # Adam
         label_lr: float = 0.01        # Adam
         label_init: float = 0.0       # initial logit of each image's own class (0: equal probabilities)
@@ -106,9 +118,14 @@ class DynaFed(FedAvg):
 
         def validate(self):
             for name in ("trajectory_rounds", "horizon", "inner_steps", "target_average", "ipc", "iterations",
-                         "syn_batch", "finetune_batch", "diagnostic_segments"):
+                         "finetune_batch", "diagnostic_segments"):
                 if getattr(self, name) < 1:
                     raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
+            if self.syn_batch < 0:
+                raise RaysimError(f"algorithm.syn_batch must be >= 0 (0: all of D_syn), got {self.syn_batch}")
+            if self.target_average_max < self.target_average:
+                raise RaysimError(f"algorithm.target_average_max ({self.target_average_max}) must be >= "
+                                  f"algorithm.target_average ({self.target_average})")
             if self.horizon >= self.trajectory_rounds + 1:
                 raise RaysimError(f"algorithm.horizon (s={self.horizon}) must be smaller than the trajectory's "
                                   f"{self.trajectory_rounds + 1} checkpoints: raise algorithm.trajectory_rounds")
@@ -131,7 +148,7 @@ class DynaFed(FedAvg):
             load_weights(model, state["weights"])
             x, labels = self.synthetic(state, ctx)
             finetune(model, x, labels, p.finetune_epochs, p.finetune_batch, p.finetune_lr,
-                     torch_generator(self.config.seed, SERVER, round_index), DSA() if p.dsa else None,
+                     torch_generator(self.config.seed, SERVER, round_index), augmentation(p.dsa),
                      keep_bn_statistics=p.finetune_keeps_bn_statistics)
             state["weights"] = module_weights(model)
         return state
@@ -147,13 +164,13 @@ class DynaFed(FedAvg):
         # ipc images per class, in class order; their soft labels start at label_init x one-hot (the paper:
         # 0, equal probabilities; the authors' code exposes the scale as --label_init).
         labels = class_logits(c, p.ipc, p.label_init, ctx.device)
-        augment = DSA() if p.dsa else None
+        augment = augmentation(p.dsa)
         started = time.perf_counter()
         x, y, step, losses = synthesize(
             ctx.model("synth"), trajectory, images, labels, iterations=p.iterations, inner_steps=p.inner_steps,
             horizon=p.horizon, target_average=p.target_average, batch_size=p.syn_batch, image_lr=p.image_lr,
             label_lr=p.label_lr, step_size=p.step_size, step_size_lr=p.step_size_lr, generator=g, augment=augment,
-            shift_free=self.shift_free(ctx))
+            shift_free=self.shift_free(ctx), target_average_max=p.target_average_max)
         out = {"syn_x": x.cpu().numpy(), "syn_labels": y.cpu().numpy(), "syn_step_size": step,
                "syn_loss_first": float(np.mean(losses[:10])), "syn_loss_last": float(np.mean(losses[-10:])),
                "syn_time_s": time.perf_counter() - started}
@@ -167,7 +184,7 @@ class DynaFed(FedAvg):
     def diagnose(self, trajectory, x, y, step, ctx) -> dict[str, float]:
         """DynaFed's Figure 6 (left) distances and the accuracy of a model trained on D_syn alone."""
         p = self.params
-        augment = DSA() if p.dsa else None
+        augment = augmentation(p.dsa)
         g = torch_generator(self.config.seed, SERVER, "dynafed-diagnostics")
         pick = torch.randperm(len(ctx.test_y), generator=g)[:len(x)].to(ctx.device)
         real_x = ctx.test_x[pick]
@@ -184,7 +201,8 @@ class DynaFed(FedAvg):
                 ctx.model("synth"), trajectory, images, labels, inner_steps=p.inner_steps, horizon=p.horizon,
                 target_average=p.target_average, batch_size=p.syn_batch, step_size=step * fraction,
                 segments=p.diagnostic_segments, generator=torch_generator(self.config.seed, SERVER, "dynafed-segments"),
-                augment=augment, shift_free=self.shift_free(ctx)) for fraction in DIAGNOSTIC_STEP_FRACTIONS)
+                augment=augment, shift_free=self.shift_free(ctx), target_average_max=p.target_average_max)
+                for fraction in DIAGNOSTIC_STEP_FRACTIONS)
 
         torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT))
         fresh = ctx.spec.build(ctx.device)

@@ -18,8 +18,8 @@ Choices where the paper is silent (documented here and in the closing note):
     round), so round 1 condenses without CDC;
   - t_c is computed on the classes present in each server mini-batch;
   - averages over "clients" in eq. 8 and 12 run over the clients that hold class c;
-  - eq. 17 replaces w for the whole condensation step, so u_{k,c} (eq. 6) is taken through the
-    re-sampled model, on the step's augmented images, in the DM loss's own forward pass;
+  - eq. 17 re-samples the model the DM term matches through; u_{k,c} (eq. 6) is taken as v_c is
+    (eq. 5), through the global model f_w in eval mode on un-augmented images, so u and v compare;
   - tau defaults to 2.0 (not stated in the paper).
 Ablations: without CDC lambda_loc = 0, without LGKM lambda_glob = 0.
 """
@@ -39,7 +39,7 @@ from raysim.tensors import load_weights
 
 
 class FedAF(CondensedDataAlgorithm):
-    syn_logits = True
+    extra_loss_name = "cdc"
     name = "fedaf"
     summary = "FedAF: collaborative condensation (CDC) + local-global knowledge matching (LGKM), no aggregation"
 
@@ -51,6 +51,12 @@ class FedAF(CondensedDataAlgorithm):
         lambda_glob: float = 1e-2   # LGKM weight (eq. 14); 0 = "without LGKM"
         temperature: float = 2.0    # tau of eq. 11 and 13
         swd_projections: int = 64
+        # How F(u_{k,c}, v_c) of eq. 10 reduces the sliced distance (see raysim/condense/wasserstein.py):
+        # "sum_squared": squared gaps summed over the projections; "root_mean": SWD_2 (POT's convention).
+        swd: str = "sum_squared"
+        # The local side of F: "mean" = u_{k,c}, the class's mean logit (eq. 6); "per_image" = the
+        # distribution of the class's per-image logits, each compared with v_c.
+        cdc_points: str = "mean"
 
         def validate(self):
             CondensationParams.validate(self)
@@ -60,6 +66,10 @@ class FedAF(CondensedDataAlgorithm):
                 raise RaysimError("algorithm.lambda_loc and algorithm.lambda_glob must be >= 0")
             if self.temperature <= 0:
                 raise RaysimError(f"algorithm.temperature must be > 0, got {self.temperature}")
+            if self.swd not in ("sum_squared", "root_mean"):
+                raise RaysimError(f"algorithm.swd must be sum_squared or root_mean, got '{self.swd}'")
+            if self.cdc_points not in ("mean", "per_image"):
+                raise RaysimError(f"algorithm.cdc_points must be mean or per_image, got '{self.cdc_points}'")
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
@@ -128,17 +138,25 @@ class FedAF(CondensedDataAlgorithm):
         net.train()
         return resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.gamma, seed)
 
-    def extra_condensation_loss(self, payload, means, classes, seed):
-        """lambda_loc * sum_c SWD(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c.
+    def extra_condensation_loss(self, payload, means, syn, classes, seed, ctx):
+        """lambda_loc * sum_c F(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c.
 
-        u_{k,c} (eq. 6) comes from the step's own forward pass, through the re-sampled model of
-        eq. 17 (which replaces w during condensation), so CDC costs no extra pass."""
-        lam = self.params.lambda_loc
+        u_{k,c} (eq. 6) is taken exactly as v_c is (eq. 5): through the received global model f_w in
+        eval mode, on the condensed images as they are (no augmentation), so the two are comparable;
+        the DM term meanwhile matches through the re-sampled model of eq. 17."""
+        p = self.params
         known = [i for i, c in enumerate(classes) if payload["known"][c]]
-        if lam == 0 or not known:
+        if p.lambda_loc == 0 or not known:
             return 0.0
-        u = means.syn_logits[known]
-        v = torch.from_numpy(payload["logits"][[classes[i] for i in known]]).to(u.device)
+        model = ctx.model("global")  # holds w since before_condensation, frozen, in eval mode
+        images = syn[known]
+        logits = model(images.reshape(-1, *images.shape[2:])).reshape(len(known), images.shape[1], -1)
+        v = torch.from_numpy(payload["logits"][[classes[i] for i in known]]).to(logits.device)
         g = torch.Generator().manual_seed(seed)
-        return lam * sum(sliced_wasserstein(u[j:j + 1], v[j:j + 1], self.params.swd_projections, g)
-                         for j in range(len(known)))
+        squared, over = (True, "sum") if p.swd == "sum_squared" else (False, "mean")
+        total = 0.0
+        for j in range(len(known)):
+            local = logits[j] if p.cdc_points == "per_image" else logits[j].mean(0, keepdim=True)
+            total = total + sliced_wasserstein(local, v[j:j + 1], p.swd_projections, g, squared=squared,
+                                               over_projections=over)
+        return p.lambda_loc * total

@@ -44,7 +44,7 @@ class FedAvg(Algorithm):
         self.load_global(model, payload, client)
         steps, loss = local_train(model, client.x, client.y, self.config.local, client.generator,
                                   loss_fn=self.local_loss(payload, client, ctx),
-                                  grad_hook=self.grad_hook(payload, client, ctx))
+                                  grad_hook=self.grad_hook(payload, client, ctx), client_state=client.state)
         client.metrics["train_loss"] = loss
         client.metrics["local_steps"] = steps
         message = {"weights": module_weights(model)}

@@ -61,6 +61,10 @@ class LocalConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     optimizer: str = "sgd"  # sgd | adam
+    # Each client keeps its optimiser state (momentum buffers, Adam moments) from its previous round
+    # instead of starting a fresh optimiser every round. It is client state: checkpointed with it, so
+    # it survives actor restarts and --resume. DynaFed's authors' clients do this (one Adam per client).
+    keep_optimizer: bool = False
 
 
 @dataclass

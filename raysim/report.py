@@ -74,13 +74,14 @@ def report(run_dirs: list[str]) -> str:
     for run_dir, summary, config in runs:
         groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
     differing = differing_keys([c for _, _, c in runs])
-    header = ["experiment", "seeds", "final acc", "best acc", "rounds", "MB up", "MB down", "time s"]
+    header = ["experiment", "seeds", "final acc", "best acc", "last-5 acc", "rounds", "MB up", "MB down", "time s"]
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
         rows.append([
             label(members[0][2], differing), str(len(members)),
             mean_std([s["final_accuracy"] for s in summaries]), mean_std([s["best_accuracy"] for s in summaries]),
+            mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from runs made before it existed
             "/".join(sorted({str(s["rounds"]) for s in summaries})),
             f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
             f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",

@@ -185,7 +185,8 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
         config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
-        str(run_dir), actors, owner, exp.counts, exp.dataset.classes)
+        str(run_dir), actors, owner, exp.counts, exp.dataset.classes, test_domain=exp.dataset.test_domain,
+        domains=exp.dataset.domains)
     return server, actors, refs
 
 
@@ -201,7 +202,8 @@ def _in_process(config: Config, exp: Experiment, run_dir: Path):
     actors = [InProcess(clients)]
     server = InProcess(ServerRuntime(config, exp.spec, exp.dataset.test_x, exp.dataset.test_y, exp.mean, exp.std,
                                      str(run_dir), actors, {k: 0 for k in clients.data}, exp.counts,
-                                     exp.dataset.classes))
+                                     exp.dataset.classes, test_domain=exp.dataset.test_domain,
+                                     domains=exp.dataset.domains))
     return server, actors, []
 
 

@@ -34,14 +34,20 @@ def make_optimizer(params, local: LocalConfig) -> torch.optim.Optimizer:
 
 def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalConfig,
                 generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
-                grad_hook: GradHook | None = None, epochs: int | None = None) -> tuple[int, float]:
+                grad_hook: GradHook | None = None, epochs: int | None = None,
+                client_state: dict | None = None) -> tuple[int, float]:
     """`epochs` of mini-batch training; returns (optimizer steps taken, mean training loss).
 
     `loss_fn` adds the algorithm's terms (proximal, contrastive, ...);
-    `grad_hook` edits gradients before the step (SCAFFOLD's correction).
+    `grad_hook` edits gradients before the step (SCAFFOLD's correction);
+    `client_state`: with `local.keep_optimizer`, the optimiser resumes from the state kept there
+    and leaves its new state there (on the CPU, so it is checkpointed with the client).
     """
     model.train()
     optimizer = make_optimizer(model.parameters(), local)
+    keep = local.keep_optimizer and client_state is not None
+    if keep and "optimizer" in client_state:
+        optimizer.load_state_dict(client_state["optimizer"])
     steps, total = 0, 0.0
     for _ in range(local.epochs if epochs is None else epochs):
         for xb, yb in batches(x, y, local.batch_size, generator):
@@ -53,7 +59,19 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local:
             optimizer.step()
             steps += 1
             total += float(loss.detach())
+    if keep:
+        client_state["optimizer"] = _to_cpu(optimizer.state_dict())
     return steps, total / max(steps, 1)
+
+
+def _to_cpu(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu().clone()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree
 
 
 @contextmanager
@@ -72,13 +90,30 @@ def batchnorm_statistics_frozen(model: torch.nn.Module) -> Iterator[torch.nn.Mod
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` on (x, y)."""
+def _predictions(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                 batch_size: int) -> tuple[torch.Tensor, float]:
+    """(per-sample correctness, summed cross-entropy) of `model` on (x, y), in eval mode."""
     model.eval()
-    correct, loss = 0, 0.0
+    correct, loss = [], 0.0
     for start in range(0, len(y), batch_size):
         xb, yb = x[start:start + batch_size], y[start:start + batch_size]
         logits = model(xb)
         loss += float(F.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return correct / len(y), loss / len(y)
+        correct.append(logits.argmax(1) == yb)
+    return torch.cat(correct), loss
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` on (x, y)."""
+    correct, loss = _predictions(model, x, y, batch_size)
+    return int(correct.sum()) / len(y), loss / len(y)
+
+
+def evaluate_by_group(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor,
+                      num_groups: int, batch_size: int = 1000) -> tuple[float, float, list[float]]:
+    """evaluate() plus the accuracy within each group (e.g. each DomainNet domain's test split),
+    from one pass over the data."""
+    correct, loss = _predictions(model, x, y, batch_size)
+    per_group = [float(correct[groups == g].float().mean()) if bool((groups == g).any()) else float("nan")
+                 for g in range(num_groups)]
+    return int(correct.sum()) / len(y), loss / len(y), per_group

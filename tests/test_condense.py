@@ -145,3 +145,58 @@ def test_even_batches_cover_an_epoch_without_a_tiny_last_batch():
     assert [len(p) for p in parts] == [195, 195, 195, 195]
     assert torch.equal(torch.cat(parts), order)
     assert [len(p) for p in even_batches(torch.arange(100), 256)] == [100]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_per_image_dsa_gives_each_image_its_own_transform(family):
+    """For training on condensed data (the DSA authors' seed=-1): one family per call, parameters per image."""
+    x = torch.rand(64, 3, 16, 16, requires_grad=True)
+    out = DSA((family,), per_image=True)(x, seed=5)
+    assert out.shape == x.shape
+    changes = (out - x).detach().flatten(1)
+    distinct = {tuple(torch.round(c * 1e4).tolist()) for c in changes}
+    assert len(distinct) > 2  # many different transforms in one batch (a siamese call gives one)
+    out.sum().backward()
+    assert x.grad is not None and float(x.grad.abs().sum()) > 0
+    again = DSA((family,), per_image=True)(x.detach(), seed=5)
+    assert torch.equal(again, out.detach())  # reproducible from the seed
+
+
+def test_per_image_crop_translates_by_whole_pixels_with_zero_fill():
+    x = torch.arange(64.0).view(1, 1, 8, 8).repeat(16, 1, 1, 1) + 1
+    out = DSA(("crop",), per_image=True)(x, seed=0)
+    for image in out[:, 0]:
+        values = image[image > 0]
+        assert set(values.tolist()) <= set(range(1, 65))  # pixels moved, never blended
+        rows, cols = (image > 0).nonzero(as_tuple=True)
+        assert len(values) == (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)  # a shifted block
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 10, 11, 40])
+def test_initial_class_averages_are_distinct(n):
+    """FedAF/FedDM init=average: a class with at least 2 images never starts with two equal images
+    (equal ones receive equal gradients and stay equal for the whole run)."""
+    real = torch.randn(n, 3, 8, 8)
+    syn = init_synthetic(real, 20, torch.Generator().manual_seed(0), "average", average_of=10)
+    flat = syn.flatten(1)
+    gaps = torch.cdist(flat, flat) + torch.eye(20) * 1e9
+    assert float(gaps.min()) > 1e-3
+    # still averages of the class: inside the span of its images and near their mean in expectation
+    many = init_synthetic(real, 2000, torch.Generator().manual_seed(1), "average", average_of=10)
+    assert float((many.mean(0) - real.mean(0)).abs().max()) < 0.1
+
+
+def test_sliced_wasserstein_conventions_for_single_points():
+    """root_mean (SWD_2) of two points is about ||x - y|| / sqrt(d); sum_squared about (L / d) ||x - y||^2,
+    whose gradient grows with the gap instead of staying at about 1 / sqrt(d)."""
+    d, L = 10, 4096
+    x, y = torch.zeros(1, d), torch.full((1, d), 0.5)  # ||x - y||^2 = 2.5
+    g = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    root = sliced_wasserstein(x, y, L, g())
+    summed = sliced_wasserstein(x, y, L, g(), squared=True, over_projections="sum")
+    assert float(root) == pytest.approx(math.sqrt(2.5 / d), rel=0.05)
+    assert float(summed) == pytest.approx(L / d * 2.5, rel=0.05)
+    near, far = (torch.full((1, d), s, requires_grad=True) for s in (0.1, 1.0))
+    for point in (near, far):
+        sliced_wasserstein(point, x, L, g(), squared=True, over_projections="sum").backward()
+    assert float(far.grad.norm()) == pytest.approx(10 * float(near.grad.norm()), rel=1e-3)

@@ -70,3 +70,65 @@ def test_asking_for_more_than_the_cluster_fails_clearly(run_tiny):
 
     with pytest.raises(RaysimError, match="needs 8 GPUs .* has 1"):
         run_tiny(**ACTORS, **{"resources.actors": 1, "resources.gpus_per_actor": 8})
+
+
+def test_summary_reports_the_mean_of_the_last_five_evaluations(run_tiny):
+    summary, run_dir = run_tiny(**{"rounds": 6})
+    accuracy = [v for _, v in server_metric(run_dir, "accuracy")]
+    assert summary["last5_accuracy"] == pytest.approx(sum(accuracy[-5:]) / 5)
+    assert json.loads((run_dir / "summary.json").read_text())["last5_accuracy"] == summary["last5_accuracy"]
+    from raysim.report import report
+    table = report([str(run_dir)])
+    assert "last-5 acc" in table and f"{summary['last5_accuracy']:.4f}" in table
+
+
+def test_clients_can_keep_their_optimiser_state_between_rounds(run_tiny):
+    """local.keep_optimizer: each client's Adam moments carry over to its next round (DynaFed's clients);
+    the default, a fresh optimiser each round, is unchanged."""
+    import torch
+
+    adam = {"local.optimizer": "adam", "local.lr": 0.001, "rounds": 3}
+    _, fresh = run_tiny(**adam)
+    _, kept = run_tiny(**adam, **{"local.keep_optimizer": True})
+    assert server_metric(fresh, "loss")[0] == server_metric(kept, "loss")[0]  # round 1: nothing kept yet
+    assert server_metric(fresh, "loss")[1:] != server_metric(kept, "loss")[1:]
+    assert not list((fresh / "client_state").glob("*/*.pt"))  # no state without the option
+    saved = sorted((kept / "client_state" / "client_00000").glob("r*.pt"))
+    state = torch.load(saved[-1], weights_only=False)["optimizer"]
+    assert state["state"] and all(t["exp_avg"].device.type == "cpu" for t in state["state"].values())
+    assert all(int(t["step"]) > 0 for t in state["state"].values())
+
+
+def test_domain_skew_runs_report_each_domains_accuracy_and_their_mean(ray_session, tmp_path, monkeypatch):
+    """DomainNet-style data: the papers' figure is the mean of the per-domain test accuracies."""
+    import numpy as np
+    from PIL import Image
+
+    from raysim.config import load_config
+    from raysim.runner import run_experiment
+
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    domains = ("clipart", "painting", "real")
+    for d, domain in enumerate(domains):
+        for label, cls in enumerate(("apple", "bus")):
+            for split, count in (("train", 12), ("test", 4 + 2 * d)):
+                for i in range(count):
+                    pixels = rng.integers(0, 60, (16, 16, 3)) + 150 * label + 20 * d
+                    folder = tmp_path / "dn" / domain / split / cls
+                    folder.mkdir(parents=True, exist_ok=True)
+                    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{i}.png")
+    config = load_config("configs/quickstart.yaml", [
+        "dataset.name=domainnet", f"dataset.root={tmp_path / 'dn'}", "dataset.image_size=16",
+        "partition.kind=domain", "clients.num=3", "clients.per_round=3", "model.width=8", "rounds=2",
+        "resources.in_process=true", "output.tensorboard=false"])
+    summary = run_experiment(config, tmp_path / "run")
+    per_domain = summary["final_domain_accuracy"]
+    assert sorted(per_domain) == sorted(domains)
+    assert summary["final_domain_accuracy_mean"] == pytest.approx(np.mean(list(per_domain.values())))
+    for domain in domains:
+        assert len(server_metric(tmp_path / "run", f"domain_accuracy/{domain}")) == 2
+    # the pooled accuracy weights domains by their test sizes (8, 12, 16 images): not the same figure
+    pooled = server_metric(tmp_path / "run", "accuracy")[-1][1]
+    sizes = np.array([8, 12, 16])
+    assert pooled == pytest.approx(float(np.dot(sizes, [per_domain[d] for d in domains]) / sizes.sum()))

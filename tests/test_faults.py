@@ -22,9 +22,10 @@ def server_rows(run_dir, metrics=("accuracy", "loss", "bytes_up", "bytes_down"))
     return [(r["round"], r["metric"], r["value"]) for r in rows if r["client"] is None and r["metric"] in metrics]
 
 
-# SCAFFOLD: its clients carry state between rounds, which a restart or a resume must not lose.
+# SCAFFOLD with clients that keep their optimiser (local.keep_optimizer): its clients carry state
+# between rounds (control variates, momentum buffers), which a restart or a resume must not lose.
 # The uninterrupted reference runs in process (the same numbers as on actors, tested in test_engine).
-FAULTY = {"rounds": 3, "algorithm.name": "scaffold", "output.tensorboard": True}
+FAULTY = {"rounds": 3, "algorithm.name": "scaffold", "local.keep_optimizer": True, "output.tensorboard": True}
 
 
 def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path):

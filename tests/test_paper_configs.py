@@ -171,3 +171,20 @@ def test_dynafed_paper_scale_settings(path):
     assert (config.clients.num, config.clients.per_round, alg["trajectory_rounds"]) == (80, 0.4, 20)
     assert (config.local.epochs, config.rounds) in {(1, 200), (5, 100), (10, 50)}
     assert (alg["iterations"], alg["inner_steps"]) == (3000, 20)
+    # the authors' code: instance-norm ConvNet, one Adam per client kept across rounds, the whole D_syn
+    # in every unrolled step, and their scripts' fine-tuning per dataset
+    if config.model.name == "convnet":
+        assert config.model.norm == "instancenorm"
+    assert config.local.optimizer == "adam" and config.local.keep_optimizer and alg["syn_batch"] == 0
+    epochs, lr = {"cifar100": (8, 1e-4), "cinic10": (20, 2.5e-4)}.get(
+        config.dataset.name, (15 if config.partition.alpha == 0.16 else 20, 1e-4))
+    assert (alg["finetune_epochs"], alg["finetune_lr"]) == (epochs, lr)
+
+
+@pytest.mark.parametrize("pair", [("dynafed/cifar10_cpu", "fedavg/cifar10_80c_cpu"),
+                                  ("dynafed/fmnist_mlp_cpu", "fedavg/fmnist_mlp_80c_cpu")])
+def test_dynafed_cpu_comparisons_share_clients_partition_model_local_training_and_rounds(pair):
+    a, b = (load(ROOT / "configs" / f"{name}.yaml") for name in pair)
+    assert (a.seed, a.rounds, a.eval, a.dataset, a.partition, a.clients, a.model, a.local) == \
+           (b.seed, b.rounds, b.eval, b.dataset, b.partition, b.clients, b.model, b.local)
+    assert a.local.keep_optimizer and a.model.norm in ("instancenorm", "batchnorm")

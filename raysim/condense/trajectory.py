@@ -10,7 +10,7 @@ the trajectory is made per step.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -31,25 +31,46 @@ def as_tensors(weights: Weights, names: list[str], device) -> dict[str, torch.Te
 
 
 def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against softmax(target_logits): learnable soft labels."""
-    return -(F.softmax(target_logits, dim=1) * F.log_softmax(logits, dim=1)).sum(1).mean()
+    """Cross-entropy against softmax(target_logits) (learnable soft labels), averaged over the batch
+    *and the classes*, as the DynaFed authors' `kd_loss`: the usual cross-entropy divided by C.
+    The reduction fixes the scale of an unrolled step, step_size x gradient: their initial step size
+    0.04 is in these units, so summing over classes would make every inner step C times theirs."""
+    return -(F.softmax(target_logits, dim=1) * F.log_softmax(logits, dim=1)).mean()
+
+
+def inner_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor | None]:
+    """Indices of each unrolled step's batch: the shuffled set cut into batches of `batch_size`, a new
+    shuffle when they run out (the authors' code). None when a batch is the whole set (their default,
+    batch = C x ipc): every step then sees every image, and no indexing copy is made."""
+    if batch_size <= 0 or batch_size >= n:
+        while True:
+            yield None
+    while True:
+        yield from torch.randperm(n, generator=generator).split(batch_size)
 
 
 def unrolled_training(model: torch.nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
                       label_logits: torch.Tensor, step_size: torch.Tensor, steps: int, batch_size: int,
                       generator: torch.Generator, augment: Augment | None = None) -> dict[str, torch.Tensor]:
-    """s' steps of SGD from `start` on (x, soft labels), kept differentiable in x, labels and step size."""
+    """s' steps of SGD from `start` on (x, soft labels), kept differentiable in x, labels and step size.
+    `batch_size` <= 0 (or >= len(x)): the whole set every step."""
     names = list(start)
     params = {n: p.clone().requires_grad_(True) if not p.requires_grad else p for n, p in start.items()}
+    batches = inner_batches(len(x), batch_size, generator)
     for _ in range(steps):
-        idx = torch.randperm(len(x), generator=generator)[:batch_size].to(x.device)
-        xb = x[idx]
-        if augment is not None:
-            xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
-        loss = soft_cross_entropy(functional_call(model, params, (xb,)), label_logits[idx])
+        xb, yb = _batch(x, label_logits, next(batches), augment, generator)
+        loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
         grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
         params = {n: params[n] - step_size * g for n, g in zip(names, grads)}
     return params
+
+
+def _batch(x: torch.Tensor, label_logits: torch.Tensor, idx: torch.Tensor | None, augment: Augment | None,
+           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    xb, yb = (x, label_logits) if idx is None else (x[idx.to(x.device)], label_logits[idx.to(x.device)])
+    if augment is not None:
+        xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+    return xb, yb
 
 
 def classifier_names(model: torch.nn.Module) -> tuple[str, ...]:
@@ -80,12 +101,18 @@ def normalised_distance(end: dict[str, torch.Tensor], start: dict[str, torch.Ten
 
 
 def segment(trajectory: list[Weights], horizon: int, target_average: int, generator: torch.Generator,
-            names: list[str], device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """A start w_t (t uniform) and its target: the mean of the last `target_average` checkpoints of
-    w_{t+1..t+horizon} (the authors' code averages a few checkpoints to smooth the target)."""
+            names: list[str], device, target_average_max: int | None = None
+            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A start w_t (t uniform over the starts with s checkpoints after them) and its target: the mean of
+    k checkpoints drawn with replacement from w_{t+1..t+s}. The paper averages 2 checkpoints sampled
+    between w_t and w_{t+s}; the authors' code draws k uniformly from [target_average, target_average_max]
+    (2..3). The target so sits about (s + 1) / 2 checkpoints ahead of w_t, and differs between draws."""
     t = int(torch.randint(0, len(trajectory) - horizon, (1,), generator=generator))
+    high = target_average if target_average_max is None else max(target_average, target_average_max)
+    k = int(torch.randint(target_average, high + 1, (1,), generator=generator))
+    picks = t + 1 + torch.randint(horizon, (k,), generator=generator)
     start = as_tensors(trajectory[t], names, device)
-    ends = [as_tensors(trajectory[t + horizon - k], names, device) for k in range(min(target_average, horizon))]
+    ends = [as_tensors(trajectory[int(i)], names, device) for i in picks]
     target = {n: torch.stack([e[n] for e in ends]).mean(0) for n in names}
     return start, target
 
@@ -94,7 +121,8 @@ def synthesize(model: torch.nn.Module, trajectory: list[Weights], images: torch.
                *, iterations: int, inner_steps: int, horizon: int, target_average: int, batch_size: int,
                image_lr: float, label_lr: float, step_size: float, step_size_lr: float,
                generator: torch.Generator, augment: Augment | None = None,
-               shift_free: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
+               shift_free: tuple[str, ...] = (), target_average_max: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
     """DynaFed's DataSyn (Algorithm 1): optimise images and soft labels so that s' steps on them
     from w_t land near w_{t+s}. Returns the images, label logits, final step size and the losses."""
     if len(trajectory) <= horizon:
@@ -112,7 +140,7 @@ def synthesize(model: torch.nn.Module, trajectory: list[Weights], images: torch.
                                   {"params": [step], "lr": step_size_lr}])
     losses = []
     for _ in range(iterations):
-        start, target = segment(trajectory, horizon, target_average, generator, names, x.device)
+        start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
         end = unrolled_training(model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size,
                                 generator, augment)
         loss = normalised_distance(end, start, target, shift_free)
@@ -131,22 +159,21 @@ def _no_grad_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def distance_after_training(model: torch.nn.Module, trajectory: list[Weights], x: torch.Tensor,
                             label_logits: torch.Tensor, *, inner_steps: int, horizon: int, target_average: int,
                             batch_size: int, step_size: float, segments: int, generator: torch.Generator,
-                            augment: Augment | None = None, shift_free: tuple[str, ...] = ()) -> float:
+                            augment: Augment | None = None, shift_free: tuple[str, ...] = (),
+                            target_average_max: int | None = None) -> float:
     """Mean normalised distance reached from w_t after s' steps on (x, labels) over random segments
     (DynaFed's Figure 6 left). Plain SGD, no graph kept."""
     model.train()
     names = trainable_names(model)
     total = 0.0
     for _ in range(segments):
-        start, target = segment(trajectory, horizon, target_average, generator, names, x.device)
+        start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
         params = _no_grad_copy(start)
+        batches = inner_batches(len(x), batch_size, generator)
         for _ in range(inner_steps):
             params = {n: p.requires_grad_(True) for n, p in params.items()}
-            idx = torch.randperm(len(x), generator=generator)[:batch_size].to(x.device)
-            xb = x[idx]
-            if augment is not None:
-                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            loss = soft_cross_entropy(functional_call(model, params, (xb,)), label_logits[idx])
+            xb, yb = _batch(x, label_logits, next(batches), augment, generator)
+            loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
             grads = torch.autograd.grad(loss, list(params.values()))
             params = {n: (p - step_size * g).detach() for (n, p), g in zip(params.items(), grads)}
         total += float(normalised_distance(params, start, target, shift_free))

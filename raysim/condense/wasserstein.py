@@ -1,4 +1,14 @@
-"""Sliced Wasserstein distance (SWD_2) between point sets, differentiable in both."""
+"""Sliced Wasserstein distance between point sets, differentiable in both.
+
+Draw L random unit directions, project both sets, sort, compare matching quantiles. The
+conventions differ in how the per-direction squared gaps are reduced:
+- `squared=False, over_projections="mean"`: SWD_2 = sqrt(mean over directions and quantiles),
+  POT's `sliced_wasserstein_distance`. For one point on each side it is ||x - y|| sqrt(mean cos^2),
+  about ||x - y|| / sqrt(d), and its gradient has norm about 1 / sqrt(d) whatever the distance.
+- `squared=True, over_projections="sum"`: the sum over directions of the mean squared quantile gap
+  (SW_2^2 times L, the SWAE loss summed rather than averaged over directions). For one point on each
+  side it is about (L / d) ||x - y||^2: a squared distance, whose gradient grows with the gap.
+"""
 from __future__ import annotations
 
 import torch
@@ -14,14 +24,11 @@ def _quantiles(sorted_values: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def sliced_wasserstein(x: torch.Tensor, y: torch.Tensor, num_projections: int = 64,
-                       generator: torch.Generator | None = None) -> torch.Tensor:
-    """SWD_2 between {x_i} (n, d) and {y_j} (m, d).
-
-    Draw L random unit directions, project both sets, sort, compare matching
-    quantiles, average the squared differences over points and directions,
-    take the square root. For one point on each side it is the distance along
-    random directions, ||x - y|| times sqrt(mean cos^2), about ||x - y|| / sqrt(d).
-    """
+                       generator: torch.Generator | None = None, squared: bool = False,
+                       over_projections: str = "mean") -> torch.Tensor:
+    """Sliced Wasserstein distance between {x_i} (n, d) and {y_j} (m, d) (see the module docstring)."""
+    if over_projections not in ("mean", "sum"):
+        raise ValueError(f"over_projections must be mean or sum, got {over_projections!r}")
     x, y = x.reshape(len(x), -1), y.reshape(len(y), -1)
     d = x.shape[1]
     theta = torch.randn(d, num_projections, generator=generator).to(x.device, x.dtype)
@@ -29,5 +36,6 @@ def sliced_wasserstein(x: torch.Tensor, y: torch.Tensor, num_projections: int = 
     px, _ = torch.sort(x @ theta, dim=0)
     py, _ = torch.sort(y @ theta, dim=0)
     k = max(len(x), len(y))
-    diff = _quantiles(px, k) - _quantiles(py, k)
-    return diff.pow(2).mean().clamp_min(1e-12).sqrt()
+    per_direction = (_quantiles(px, k) - _quantiles(py, k)).pow(2).mean(0)
+    total = per_direction.mean() if over_projections == "mean" else per_direction.sum()
+    return total if squared else total.clamp_min(1e-12).sqrt()

@@ -27,15 +27,17 @@ from raysim.outputs.metrics import MetricsTable
 from raysim.outputs.tensorboard import TensorBoardLogger
 from raysim.seeding import MODEL_INIT, derive_seed, sample_clients
 from raysim.tensors import load_weights, serialized_nbytes
-from raysim.training import evaluate
+from raysim.training import evaluate, evaluate_by_group
 
 CHECKPOINT = "checkpoints/last.pt"
+LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
 
 
 class ServerRuntime:
     def __init__(self, config: Config, spec: ModelSpec, test_x: np.ndarray, test_y: np.ndarray,
                  mean: np.ndarray, std: np.ndarray, run_dir: str, actors: list, client_actor: dict[int, int],
-                 partition_counts: np.ndarray | None = None, class_names: list[str] | None = None):
+                 partition_counts: np.ndarray | None = None, class_names: list[str] | None = None,
+                 test_domain: np.ndarray | None = None, domains: list[str] | None = None):
         self.config = config
         self.run_dir = Path(run_dir)
         self.device = pick_device(config.resources.server_gpus)
@@ -49,6 +51,10 @@ class ServerRuntime:
         self.test_x = to_model_input(test_x, mean, std, self.device)
         self.test_y = torch.from_numpy(np.asarray(test_y, dtype=np.int64)).to(self.device)
         self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
+        # Domain-skew data (DomainNet): the papers report the mean of the per-domain test accuracies.
+        self.domains = list(domains) if domains is not None and test_domain is not None else []
+        self.test_domain = (torch.from_numpy(np.asarray(test_domain, dtype=np.int64)).to(self.device)
+                            if self.domains else None)
 
         checkpoint_path = self.run_dir / CHECKPOINT
         if checkpoint_path.exists():
@@ -101,7 +107,13 @@ class ServerRuntime:
         if round_index % config.eval.every == 0 or round_index == config.rounds:
             model = self.ctx.model("eval")
             load_weights(model, self.algorithm.global_weights(self.state))
-            values["accuracy"], values["loss"] = evaluate(model, self.test_x, self.test_y, config.eval.batch_size)
+            if self.domains:
+                values["accuracy"], values["loss"], per_domain = evaluate_by_group(
+                    model, self.test_x, self.test_y, self.test_domain, len(self.domains), config.eval.batch_size)
+                values.update({f"domain_accuracy/{name}": a for name, a in zip(self.domains, per_domain)})
+                values["domain_accuracy_mean"] = float(np.nanmean(per_domain))
+            else:
+                values["accuracy"], values["loss"] = evaluate(model, self.test_x, self.test_y, config.eval.batch_size)
         t4 = time.perf_counter()
 
         bytes_up = sum(results[k]["bytes_up"] for k in sampled)
@@ -128,7 +140,7 @@ class ServerRuntime:
             for tag, (images, per_row) in self.algorithm.images(self.state, self.ctx).items():
                 self.tensorboard.image_grid(tag, images, round_index, nrow=per_row)
             self.tensorboard.scalars(round_index, {
-                ("test/" if name in ("accuracy", "loss") else "comm/" if name.startswith("bytes")
+                ("test/" if name in ("accuracy", "loss") or name.startswith("domain_accuracy") else "comm/" if name.startswith("bytes")
                  else "time/" if name.startswith("time") else "round/") + name: value
                 for name, value in values.items()})
             self.tensorboard.flush()
@@ -153,11 +165,23 @@ class ServerRuntime:
             "final_accuracy": accuracy[-1][1] if accuracy else None,
             "final_loss": loss[-1][1] if loss else None,
             "best_accuracy": best, "best_round": best_round,
+            # DynaFed's reported metric: the mean test accuracy of the last LAST_EVALUATIONS evaluations
+            "last5_accuracy": float(np.mean([v for _, v in accuracy[-LAST_EVALUATIONS:]])) if accuracy else None,
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
+            **self.domain_summary(),
             **self.algorithm.summary_extras(self.state),
         }
+
+    def domain_summary(self) -> dict[str, Any]:
+        """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
+        if not self.domains:
+            return {}
+        mean = self.metrics.server_values("domain_accuracy_mean")
+        return {"final_domain_accuracy_mean": mean[-1][1] if mean else None,
+                "final_domain_accuracy": {name: (values[-1][1] if values else None) for name, values in
+                                          ((n, self.metrics.server_values(f"domain_accuracy/{n}")) for n in self.domains)}}
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary(finished=self.completed >= self.config.rounds)
@@ -181,6 +205,15 @@ class ServerActor:
 
     def run_round(self, round_index: int) -> dict[str, Any]:
         return self.runtime.run_round(round_index)
+
+    def domain_summary(self) -> dict[str, Any]:
+        """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
+        if not self.domains:
+            return {}
+        mean = self.metrics.server_values("domain_accuracy_mean")
+        return {"final_domain_accuracy_mean": mean[-1][1] if mean else None,
+                "final_domain_accuracy": {name: (values[-1][1] if values else None) for name, values in
+                                          ((n, self.metrics.server_values(f"domain_accuracy/{n}")) for n in self.domains)}}
 
     def finish(self) -> dict[str, Any]:
         return self.runtime.finish()
