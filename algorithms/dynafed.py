@@ -1,4 +1,4 @@
-"""DynaFed (Pi et al., CVPR 2023; papers/003_*, Algorithms 1-2).
+"""DynaFed (Pi et al., CVPR 2023, Algorithms 1-2).
 
 FedAvg rounds, plus on the server:
   rounds 1..L:  keep the aggregated global models w_0 (the initialisation) .. w_L;
@@ -15,14 +15,13 @@ classes (their `kd_loss`), the units of their step size 0.04; Adam for images, l
 size itself; fine-tuning with Adam, DSA per image and the same loss. Clients keep their Adam state
 between rounds (`local.keep_optimizer: true` in the configs). The ConvNet uses instance norm in the
 configs, as theirs. The trajectory holds w_0..w_L (L + 1 checkpoints).
-Two choices of ours, each a parameter (false restores the authors' code), both measured on CIFAR-10
-with 80 Adam clients at L = 19:
+Two choices of ours, each a parameter (false restores the authors' code):
 - shift_invariant: distances ignore a shift shared by all classifier rows. It changes no prediction,
-  SGD cannot produce it, and Adam clients move it steadily (86-94% of a segment's squared
-  displacement). With it the matching loss fell 1.00 -> 0.74 in 360 iterations; without, 1.00 -> 0.98.
-- finetune_keeps_bn_statistics: fine-tuning leaves batch norm's running statistics as aggregated
-  from the clients. Re-estimating them on D_syn took the model from 0.293 to 0.174 test accuracy;
-  keeping them, fine-tuning raised it to 0.331.
+  no SGD step on a cross-entropy loss makes one, and Adam clients move it steadily, so a synthetic set
+  trained by SGD steps cannot reproduce that part of a segment.
+- finetune_keeps_bn_statistics (batch-norm models only; the configs use instance norm, as the
+  authors): fine-tuning leaves batch norm's running statistics as aggregated from the clients' real
+  data instead of re-estimating them on D_syn, whose statistics are not the data's.
 Diagnostics (Figure 6 left) are computed once, at round L, and written to summary.json: the
 normalised distance reached after s' steps on D_syn, on a random real subset of the same size and on
 noise of the same size, each at its best of a few step sizes (the server holds no training data, so

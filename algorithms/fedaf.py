@@ -1,4 +1,4 @@
-"""FedAF: aggregation-free federated learning (Wang et al., CVPR 2024; papers/000_*, eq. 3-17).
+"""FedAF: aggregation-free federated learning (Wang et al., CVPR 2024, eq. 3-17).
 
 Round r, client k (holding classes c with data D_{k,c}):
   V_k = [v_{k,c}],  v_{k,c} = mean_{x in D_{k,c}} f_w(x)                      (eq. 5, 7)
@@ -20,7 +20,18 @@ Choices where the paper is silent (documented here and in the closing note):
   - averages over "clients" in eq. 8 and 12 run over the clients that hold class c;
   - eq. 17 re-samples the model the DM term matches through; u_{k,c} (eq. 6) is taken as v_c is
     (eq. 5), through the global model f_w in eval mode on un-augmented images, so u and v compare;
-  - tau defaults to 2.0 (not stated in the paper).
+  - tau defaults to 2.0 (not stated in the paper);
+  - F of eq. 10, the sliced Wasserstein distance between u_{k,c} and v_c, is not specified further.
+    Between two single points, POT's SWD_2 (`swd: root_mean`) has a gradient of norm about
+    1 / sqrt(C) whatever their distance, so at the paper's lambda_loc (1e-4 on CIFAR) CDC would be
+    invisible next to the DM term. The default (`swd: sum_squared`) sums the squared projected gaps
+    over the projections, about (L / C) ||u - v||^2: a gradient that grows with the gap, a few hundred
+    times larger at the paper's lambdas. `cdc_points: per_image` compares each condensed image's
+    logits with v_c instead of their mean. Each round every client logs the norm of the CDC gradient
+    on its images over the DM gradient's (`cdc_dm_grad_ratio`); the README gives the measured shares.
+  - The initial images (init=average) are averages of real images with random weights, so no two
+    coincide (raysim.condense.synthetic.init_synthetic); the server trains on the condensed images
+    with DSA drawn per image, as DM's evaluation does.
 Ablations: without CDC lambda_loc = 0, without LGKM lambda_glob = 0.
 """
 from __future__ import annotations

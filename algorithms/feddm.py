@@ -8,7 +8,8 @@ union of the clients' condensed sets with cross-entropy.
 Defaults: FedAF's settings for FedDM (rho 5, image lr 1.0, image gradients clipped at
 norm 2.0; 500 server epochs, batch 256, lr 0.001). FedAF's paper ran FedDM with its own
 condensation code: SGD momentum 0.9 (App. A; DM's code uses 0.5) and initialisation from
-class-wise averages of random real images (Sec. 5.1), so those are the defaults here.
+class-wise averages of random real images (Sec. 5.1), so those are the defaults here (random weights
+keep the averages distinct, see raysim.condense.synthetic.init_synthetic).
 """
 from __future__ import annotations
 

@@ -75,6 +75,10 @@ def report(run_dirs: list[str]) -> str:
         groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
     differing = differing_keys([c for _, _, c in runs])
     header = ["experiment", "seeds", "final acc", "best acc", "last-5 acc", "rounds", "MB up", "MB down", "time s"]
+    # Domain-skew runs (DomainNet): the papers' figure, the mean of the per-domain test accuracies.
+    domains = any(s.get("final_domain_accuracy_mean") is not None for _, s, _ in runs)
+    if domains:
+        header.insert(5, "domain mean acc")
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
@@ -87,6 +91,8 @@ def report(run_dirs: list[str]) -> str:
             f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
             f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
         ])
+        if domains:
+            rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))

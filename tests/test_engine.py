@@ -132,3 +132,6 @@ def test_domain_skew_runs_report_each_domains_accuracy_and_their_mean(ray_sessio
     pooled = server_metric(tmp_path / "run", "accuracy")[-1][1]
     sizes = np.array([8, 12, 16])
     assert pooled == pytest.approx(float(np.dot(sizes, [per_domain[d] for d in domains]) / sizes.sum()))
+    from raysim.report import report
+    table = report([str(tmp_path / "run")])
+    assert "domain mean acc" in table and f"{summary['final_domain_accuracy_mean']:.4f}" in table

@@ -1,4 +1,4 @@
-"""Trajectory matching (DynaFed, papers/003_*, eq. 3-4 and Algorithm 1).
+"""Trajectory matching (DynaFed, Pi et al. 2023, eq. 3-4 and Algorithm 1).
 
 A functional copy of the model starts at checkpoint w_t and trains for s' unrolled
 steps on the synthetic set (learnable images, learnable soft labels, learnable step

@@ -178,10 +178,12 @@ class ServerRuntime:
         """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
         if not self.domains:
             return {}
-        mean = self.metrics.server_values("domain_accuracy_mean")
-        return {"final_domain_accuracy_mean": mean[-1][1] if mean else None,
-                "final_domain_accuracy": {name: (values[-1][1] if values else None) for name, values in
-                                          ((n, self.metrics.server_values(f"domain_accuracy/{n}")) for n in self.domains)}}
+
+        def last(metric: str) -> float | None:
+            values = self.metrics.server_values(metric)
+            return values[-1][1] if values else None
+        return {"final_domain_accuracy_mean": last("domain_accuracy_mean"),
+                "final_domain_accuracy": {name: last(f"domain_accuracy/{name}") for name in self.domains}}
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary(finished=self.completed >= self.config.rounds)
@@ -205,15 +207,6 @@ class ServerActor:
 
     def run_round(self, round_index: int) -> dict[str, Any]:
         return self.runtime.run_round(round_index)
-
-    def domain_summary(self) -> dict[str, Any]:
-        """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
-        if not self.domains:
-            return {}
-        mean = self.metrics.server_values("domain_accuracy_mean")
-        return {"final_domain_accuracy_mean": mean[-1][1] if mean else None,
-                "final_domain_accuracy": {name: (values[-1][1] if values else None) for name, values in
-                                          ((n, self.metrics.server_values(f"domain_accuracy/{n}")) for n in self.domains)}}
 
     def finish(self) -> dict[str, Any]:
         return self.runtime.finish()
