@@ -166,9 +166,10 @@ class CondensedDataAlgorithm(Algorithm):
         x, y = self.gather(replies, ctx)
         model = ctx.model("server")
         load_weights(model, state["weights"])
+        # DSA drawn per image while training on the condensed sets (the DSA authors' seed=-1)
         train_on_synthetic(model, x, y, p.server_epochs, p.server_batch, p.server_lr, p.server_momentum,
                            torch_generator(self.config.seed, SERVER, round_index),
-                           augment=DSA(per_image=True) if p.server_dsa else None,  # one transform per image (DSA authors, seed=-1)
+                           augment=DSA(per_image=True) if p.server_dsa else None,
                            extra_loss=self.server_extra_loss(state, ctx))
         state["weights"] = module_weights(model)
         state["preview"] = self.preview(x, y, ctx)

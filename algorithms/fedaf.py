@@ -25,8 +25,8 @@ Choices where the paper is silent (documented here and in the closing note):
     Between two single points, POT's SWD_2 (`swd: root_mean`) has a gradient of norm about
     1 / sqrt(C) whatever their distance, so at the paper's lambda_loc (1e-4 on CIFAR) CDC would be
     invisible next to the DM term. The default (`swd: sum_squared`) sums the squared projected gaps
-    over the projections, about (L / C) ||u - v||^2: a gradient that grows with the gap, a few hundred
-    times larger at the paper's lambdas. `cdc_points: per_image` compares each condensed image's
+    over the projections, about (L / C) ||u - v||^2: a gradient that grows with the gap.
+    `cdc_points: per_image` compares each condensed image's
     logits with v_c instead of their mean. Each round every client logs the norm of the CDC gradient
     on its images over the DM gradient's (`cdc_dm_grad_ratio`); the README gives the measured shares.
   - The initial images (init=average) are averages of real images with random weights, so no two
