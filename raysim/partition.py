@@ -1,4 +1,4 @@
-"""Split a training set among virtual clients (see ALGORITHMS.md, "Partitions").
+"""Split a training set among virtual clients (Dirichlet label skew as in NIID-Bench, Li et al. ICDE 2022).
 
 Every partitioner takes the label of each training sample and returns, for each
 client, a sorted ``int64`` array of indices into those labels. No index is

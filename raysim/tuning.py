@@ -3,7 +3,7 @@
 Each trial reserves its client actors up front in its own placement group (an empty
 head bundle for the trial's driver, whose server actor needs no CPU, and one bundle
 per client actor), so concurrent trials can never starve each other's actors
-(RAY_NOTES: nested actors outside the trial's group can hang). The trial reports
+(nested actors outside the trial's placement group can hang). The trial reports
 per-round accuracy to Tune, which drives the optional ASHA scheduler.
 
 Layout of the sweep directory DIR:

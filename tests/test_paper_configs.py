@@ -1,5 +1,5 @@
 """The shipped experiment configs: every file validates and says how to run it; the full-scale FedAF/FedDM
-ones carry the FedAF paper's numbers (papers/000_714629ae6904321c.txt), the DynaFed ones its Sec. 6.1 setting.
+ones carry the FedAF paper's numbers (Wang et al., CVPR 2024), the DynaFed ones its Sec. 6.1 setting.
 
 Config validation only: no Ray, no data (dataset.root is overridden with a dummy path).
 """
