@@ -146,7 +146,7 @@ class CondensedDataAlgorithm(Algorithm):
     def server_init(self, model, ctx):
         return {"weights": module_weights(model)}
 
-    def broadcast(self, state, round_index):
+    def broadcast(self, state, round_index, participants):
         return {"weights": state["weights"]}
 
     def gather(self, replies: list[Reply], ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +172,8 @@ class CondensedDataAlgorithm(Algorithm):
                            augment=DSA(per_image=True) if p.server_dsa else None,
                            extra_loss=self.server_extra_loss(state, ctx))
         state["weights"] = module_weights(model)
-        state["preview"] = self.preview(x, y, ctx)
+        ctx.log.image_grid("condensed/images_per_class", to_pixels(self.preview(x, y, ctx), ctx.mean, ctx.std),
+                           PREVIEW_PER_CLASS)
         return state
 
     def aggregate_knowledge(self, state, replies, ctx):
@@ -192,8 +193,3 @@ class CondensedDataAlgorithm(Algorithm):
                 pixels = np.concatenate([pixels, np.zeros((pad, *pixels.shape[1:]), np.uint8)])
             rows.append(pixels)
         return np.concatenate(rows)
-
-    def images(self, state, ctx):
-        if "preview" not in state:
-            return {}
-        return {"condensed/images_per_class": (to_pixels(state["preview"], ctx.mean, ctx.std), PREVIEW_PER_CLASS)}

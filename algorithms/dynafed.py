@@ -150,6 +150,8 @@ class DynaFed(FedAvg):
                      torch_generator(self.config.seed, SERVER, round_index), augmentation(p.dsa),
                      keep_bn_statistics=p.finetune_keeps_bn_statistics)
             state["weights"] = module_weights(model)
+        if "syn_x" in state:
+            self.show_synthetic(state, ctx)
         return state
 
     def synthetic(self, state, ctx) -> tuple[torch.Tensor, torch.Tensor]:
@@ -217,10 +219,8 @@ class DynaFed(FedAvg):
             extras.update({k: state[k] for k in ("syn_step_size", "syn_loss_first", "syn_loss_last", "syn_time_s")})
         return extras
 
-    def images(self, state, ctx):
-        if "syn_x" not in state:
-            return {}
+    def show_synthetic(self, state, ctx) -> None:
         c, ipc = ctx.num_classes, self.params.ipc
         per_row = min(ipc, PREVIEW_PER_CLASS)
         x = state["syn_x"].reshape(c, ipc, *state["syn_x"].shape[1:])[:, :per_row].reshape(-1, *state["syn_x"].shape[1:])
-        return {"dynafed/synthetic_images": (to_pixels(torch.from_numpy(x), ctx.mean, ctx.std), per_row)}
+        ctx.log.image_grid("dynafed/synthetic_images", to_pixels(torch.from_numpy(x), ctx.mean, ctx.std), per_row)

@@ -90,7 +90,7 @@ class FedAF(CondensedDataAlgorithm):
                       "known": np.zeros(c, bool)})
         return state
 
-    def broadcast(self, state, round_index):
+    def broadcast(self, state, round_index, participants):
         return {"weights": state["weights"], "logits": state["logits"], "known": state["known"]}
 
     def aggregate_knowledge(self, state, replies, ctx):

@@ -29,7 +29,7 @@ class FedAvg(Algorithm):
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:
         return {"weights": module_weights(model)}
 
-    def broadcast(self, state: dict[str, Any], round_index: int) -> dict[str, Any]:
+    def broadcast(self, state: dict[str, Any], round_index: int, participants: list[int]) -> dict[str, Any]:
         return {"weights": state["weights"]}
 
     def server_update(self, state, replies: list[Reply], round_index: int, ctx: Context):

@@ -33,7 +33,7 @@ class Scaffold(FedAvg):
     def server_init(self, model, ctx):
         return {"weights": super().server_init(model, ctx)["weights"], "control": zeros_like_params(model)}
 
-    def broadcast(self, state, round_index):
+    def broadcast(self, state, round_index, participants):
         return {"weights": state["weights"], "control": state["control"]}
 
     def grad_hook(self, payload, client, ctx):

@@ -1,37 +1,107 @@
 """What an algorithm is: a client step and a server step, plus the objects they receive.
 
-An algorithm never touches Ray, files or logging: the engine broadcasts what
-`broadcast` returns (one `ray.put` per round), runs `client_update` inside the
-client's actor, measures the bytes of what it returns, and hands the replies,
-sorted by client id, to `server_update`.
+An algorithm never touches Ray, files or logging. Each round the engine asks it for the
+round's participants (`select_clients`; an empty list is a server-only round), puts what
+`broadcast` returns into the object store (each shared or addressed part once), runs
+`client_update` inside each participant's actor, measures the bytes of what it returns, and
+hands the replies, sorted by client id, to `server_update`. What the server wants to show -
+scalars, per-client values, figures, images - it records on `ctx.log`; the engine's output
+callbacks write them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterable
 
 import numpy as np
 import torch
 
-from raysim.config import Config
+from raysim.config import Config, ModelConfig, client_architectures
+from raysim.errors import RaysimError
 from raysim.models import build_model
+from raysim.seeding import MODEL_INIT, derive_seed
 
 
 @dataclass
 class ModelSpec:
-    """Everything needed to build the experiment's model anywhere (server or actor)."""
+    """Everything needed to build the experiment's models anywhere (server or actor): the server's
+    `model:` and, with `clients.models`, each client's own architecture."""
 
     config: Config
     in_channels: int
     num_classes: int
     image_size: int
 
-    def build(self, device: torch.device | str = "cpu") -> torch.nn.Module:
-        m = self.config.model
+    def __post_init__(self):
+        self.architectures: list[ModelConfig] = client_architectures(self.config)
+
+    @property
+    def heterogeneous(self) -> bool:
+        return any(a != self.config.model for a in self.architectures)
+
+    def client_architecture(self, client: int) -> ModelConfig:
+        return self.architectures[client]
+
+    def build(self, device: torch.device | str = "cpu", arch: ModelConfig | None = None) -> torch.nn.Module:
+        m = arch or self.config.model
         model = build_model(m.name, in_channels=self.in_channels, num_classes=self.num_classes,
                             image_size=self.image_size, width=m.width, depth=m.depth,
-                            norm=m.norm, hidden=m.hidden)
+                            norm=m.norm, hidden=m.hidden, width_multiplier=m.width_multiplier)
         return model.to(device)
+
+    def initial_model(self, arch: ModelConfig | None = None, device: torch.device | str = "cpu") -> torch.nn.Module:
+        """`arch` with its run's initial weights, a function of (seed, architecture) only: every
+        client of one architecture starts from the same weights. The server's architecture keeps
+        the seed the engine has always used for the global model. The caller's torch random
+        stream is left untouched."""
+        arch = arch or self.config.model
+        seed = self.config.seed
+        init = (derive_seed(seed, MODEL_INIT) if arch == self.config.model
+                else derive_seed(seed, MODEL_INIT, arch.describe()))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init)
+            return self.build(device, arch)
+
+
+@dataclass
+class ServerLog:
+    """What the algorithm's server side records in a round; the engine's callbacks write it
+    (metrics.parquet, TensorBoard, summary.json) and then clear it."""
+
+    scalars: dict[str, float] = field(default_factory=dict)
+    client_values: list[tuple[int, str, float]] = field(default_factory=list)
+    images: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def scalar(self, name: str, value: float, summary: bool = False) -> None:
+        """A server metric of this round (`summary=True`: its latest value also goes to summary.json)."""
+        self.scalars[name] = float(value)
+        if summary:
+            self.summary[name] = float(value)
+
+    def client_value(self, client: int, name: str, value: float) -> None:
+        """A value about one client computed on the server (e.g. its own model's test accuracy)."""
+        self.client_values.append((int(client), name, float(value)))
+
+    def image_grid(self, tag: str, images: np.ndarray, per_row: int) -> None:
+        """Float [0, 1] images (N, C, H, W) shown as one grid in TensorBoard."""
+        self.images[tag] = (images, per_row)
+
+    def figure(self, tag: str, figure: Any) -> None:
+        """A matplotlib figure for TensorBoard."""
+        self.figures[tag] = figure
+
+    def drain(self) -> "ServerLog":
+        """This round's records, leaving the log empty for the next round (summary values persist)."""
+        out = ServerLog(self.scalars, self.client_values, self.images, self.figures, dict(self.summary))
+        self.scalars, self.client_values, self.images, self.figures = {}, [], {}, {}
+        return out
+
+
+class _ClientSideLog:
+    def __getattr__(self, name: str):
+        raise RaysimError("ctx.log records server-side values; on a client, put values in client.metrics")
 
 
 @dataclass
@@ -41,22 +111,29 @@ class Context:
     config: Config
     spec: ModelSpec
     device: torch.device
+    # The architecture `ctx.model()` builds: the server's `model:` on the server, the running
+    # client's own on a client (they differ only with clients.models).
+    arch: ModelConfig | None = None
     mean: np.ndarray | None = None  # per-channel normalisation of the data (to turn images into pixels)
     std: np.ndarray | None = None
     # The test split, on the server only (evaluation and diagnostics such as DynaFed's Figure 6).
     test_x: torch.Tensor | None = None
     test_y: torch.Tensor | None = None
-    _scratch: dict[str, torch.nn.Module] = field(default_factory=dict)
+    log: ServerLog | _ClientSideLog = field(default_factory=_ClientSideLog)
+    _scratch: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:
         return self.spec.num_classes
 
-    def model(self, slot: str = "main") -> torch.nn.Module:
-        """A model instance reused across clients and rounds (weights are overwritten by the caller)."""
-        if slot not in self._scratch:
-            self._scratch[slot] = self.spec.build(self.device)
-        return self._scratch[slot]
+    def model(self, slot: str = "main", arch: ModelConfig | None = None) -> torch.nn.Module:
+        """A model instance reused across clients and rounds (weights are overwritten by the caller),
+        of `arch` (default: `ctx.arch`, the server's or the running client's architecture)."""
+        arch = arch or self.arch or self.config.model
+        key = (slot, arch.describe())
+        if key not in self._scratch:
+            self._scratch[key] = self.spec.build(self.device, arch)
+        return self._scratch[key]
 
 
 @dataclass
@@ -68,6 +145,7 @@ class ClientData:
     x: torch.Tensor                 # normalised images (N, C, H, W) on the actor's device
     y: torch.Tensor                 # labels (N,)
     label_counts: np.ndarray        # (num_classes,) int64
+    arch: ModelConfig               # this client's architecture (clients.models), ctx.model() builds it
     state: dict[str, Any]           # persists between the rounds this client takes part in
     generator: torch.Generator      # seeded by (seed, round, client): the only source of randomness
     metrics: dict[str, float] = field(default_factory=dict)  # logged, not counted as communication
@@ -75,6 +153,25 @@ class ClientData:
     @property
     def num_samples(self) -> int:
         return int(len(self.y))
+
+
+@dataclass
+class Broadcast:
+    """A round's payload: a part every participant receives, plus parts addressed to some of them.
+
+    Each part goes into the object store once; a client receives the shared part merged with the
+    parts addressed to it (keys must not collide), and its `bytes_down` counts exactly those.
+    `broadcast` may also return a plain dict: a shared part only.
+    """
+
+    shared: dict[str, Any] = field(default_factory=dict)
+    addressed: list[tuple[tuple[int, ...], dict[str, Any]]] = field(default_factory=list)
+
+    def to(self, clients: int | Iterable[int], part: dict[str, Any]) -> "Broadcast":
+        """Address `part` to one client or a group; returns self, so calls chain."""
+        group = (int(clients),) if isinstance(clients, (int, np.integer)) else tuple(int(k) for k in clients)
+        self.addressed.append((group, part))
+        return self
 
 
 @dataclass
@@ -89,6 +186,9 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    # True when clients may have architectures of their own (clients.models); an algorithm that
+    # averages weights needs one architecture and says so before Ray starts.
+    supports_client_models: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -103,8 +203,21 @@ class Algorithm:
         """The server state; must be picklable (it is checkpointed each round)."""
         raise NotImplementedError
 
-    def broadcast(self, state: dict[str, Any], round_index: int) -> dict[str, Any]:
-        """What every sampled client receives this round (numpy arrays: zero-copy in the object store)."""
+    def select_clients(self, state: dict[str, Any], round_index: int, rng: np.random.Generator,
+                       ctx: Context) -> list[int]:
+        """This round's participants; [] runs a server-only round (server_update gets no replies).
+
+        `rng` is seeded by (seed, round). The default is the uniform sample of clients.per_round.
+        """
+        num, per_round = self.config.clients.num, self.config.clients_per_round()
+        if per_round >= num:
+            return list(range(num))
+        return sorted(int(k) for k in rng.choice(num, size=per_round, replace=False))
+
+    def broadcast(self, state: dict[str, Any], round_index: int,
+                  participants: list[int]) -> dict[str, Any] | Broadcast:
+        """What this round's participants receive: a dict every one of them gets, or a Broadcast with
+        parts addressed to some (numpy arrays: zero-copy in the object store)."""
         raise NotImplementedError
 
     def server_update(self, state: dict[str, Any], replies: list[Reply], round_index: int,
@@ -114,10 +227,6 @@ class Algorithm:
     def global_weights(self, state: dict[str, Any]) -> dict[str, np.ndarray]:
         """The weights evaluated on the test split."""
         return state["weights"]
-
-    def images(self, state: dict[str, Any], ctx: Context) -> dict[str, tuple[np.ndarray, int]]:
-        """Pictures for TensorBoard this round: tag -> (float [0, 1] images (N, C, H, W), images per row)."""
-        return {}
 
     def summary_extras(self, state: dict[str, Any]) -> dict[str, Any]:
         """Algorithm-specific entries of summary.json (diagnostics)."""

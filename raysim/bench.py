@@ -1,14 +1,19 @@
-"""`raysim bench overhead`: the engine's FedAvg rounds against a plain single-process loop.
+"""`raysim bench overhead`: the engine's FedAvg rounds against a hand-written two-process loop.
 
-Both do the same client work (same clients, data, model, local epochs, seeds),
-the same aggregation and the same test evaluation, with the same total number
-of torch threads: the engine as `actors` actors x 1 thread, the plain loop as
-one process with `actors` threads. Runs are interleaved (engine, plain, engine,
-plain, ...) because timing on a shared machine drifts; the first round of each
-engine run (actor start-up, data loading) is reported separately and the
-ratio compares steady-state rounds. Peak memory is the summed PSS of the
-driver and every process it started (Ray's workers, raylet, GCS), sampled
-during the engine run (from /proc/PID/smaps_rollup, so sampling costs next to nothing).
+Both do the same client work (same clients, data, model, local epochs, seeds), the same
+aggregation and the same test evaluation, with the same number of single-threaded workers: the
+engine as `actors` Ray actors x 1 thread, running its one round loop (`raysim.runner`) with a
+timing callback; the plain loop as `actors` worker processes x 1 thread, each training its share
+of the clients with a few lines of PyTorch, the parent averaging and evaluating. Runs are
+interleaved (engine, plain, engine, plain, ...) because timing on a shared machine drifts; the
+first round of each run (actor start-up, data loading) is reported separately and the ratio
+compares steady-state rounds.
+
+Per sampled client, each side also reports the cost beyond the clients' own compute: the
+training phase (broadcast sent to last reply received) minus the clients' summed compute time
+divided by the number of workers, over the clients of the round. Peak memory is the summed PSS of
+the driver and every process it started (Ray's workers, raylet, GCS), sampled during the engine
+run (from /proc/PID/smaps_rollup, so sampling costs next to nothing).
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import numpy as np
 
 from raysim.config import Config, config_from_dict
 from raysim.errors import RaysimError
+from raysim.outputs.callbacks import Callback, RoundResult, RunStart
+from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 
 DEFAULTS = {"clients": 100, "actors": 2, "rounds": 3, "repeats": 2, "epochs": 1, "model": "cnn2",
             "dataset": "mnist", "root": None}
@@ -85,62 +92,127 @@ class PeakMemory:
         self._thread.join()
 
 
-def engine_rounds(config: Config, experiment) -> tuple[list[float], float, list[float]]:
-    """(seconds per round, peak memory bytes, accuracies) of a full engine run."""
+class RoundTimer(Callback):
+    """Round times, accuracies and the engine's cost per client beyond the clients' compute."""
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self.times: list[float] = []
+        self.accuracy: list[float] = []
+        self.per_client_cost: list[float] = []
+        self.last = time.perf_counter()
+
+    def on_run_start(self, start: RunStart) -> None:
+        self.last = time.perf_counter()
+
+    def on_round_end(self, result: RoundResult) -> None:
+        now = time.perf_counter()
+        self.times.append(now - self.last)
+        self.last = now
+        self.accuracy.append(result.values["accuracy"])
+        compute = sum(v for _, name, v in result.client_values if name == "time_s")
+        clients = result.values["participants"]
+        self.per_client_cost.append((result.values["time_clients_s"] - compute / self.workers) / clients)
+
+
+def engine_rounds(config: Config, experiment) -> tuple[RoundTimer, float]:
+    """The timings and peak memory (bytes) of a full engine run."""
     from raysim.runner import run_experiment
 
-    times: list[float] = []
-    accuracy: list[float] = []
-    last = [time.perf_counter()]
-
-    def on_start(start, actors):
-        last[0] = time.perf_counter()
-
-    def on_round(info):
-        now = time.perf_counter()
-        times.append(now - last[0])
-        last[0] = now
-        accuracy.append(info["accuracy"])
-
+    timer = RoundTimer(config.resources.actors)
     with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
-        run_experiment(config, Path(tmp), on_round=on_round, on_start=on_start, experiment=experiment)
-    return times, memory.peak, accuracy
+        run_experiment(config, Path(tmp), callbacks=[timer], experiment=experiment)
+    return timer, memory.peak
 
 
-def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float]]:
-    """The same rounds in one process, no Ray: a loop over clients, average, evaluate."""
+def _plain_worker(connection, clients: dict, local: dict) -> None:
+    """A worker process of the plain loop: one torch thread, its clients' tensors kept for the run.
+    Each round: receive (round, weights, seed), train every client, send back their weights."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.set_num_threads(1)
+    model = connection.recv()
+    while True:
+        order = connection.recv()
+        if order is None:
+            return
+        round_index, weights, seed = order
+        replies = []
+        for k, (x, y) in clients.items():
+            start = time.perf_counter()
+            torch.manual_seed(derive_seed(seed, CLIENT_TRAIN, round_index, k))
+            generator = torch_generator(seed, CLIENT_TRAIN, round_index, k)
+            model.load_state_dict({n: torch.as_tensor(np.asarray(w)) for n, w in weights.items()})
+            model.train()
+            optimizer = torch.optim.SGD(model.parameters(), lr=local["lr"], momentum=local["momentum"])
+            for _ in range(local["epochs"]):
+                permutation = torch.randperm(len(y), generator=generator)
+                for i in range(0, len(y), local["batch_size"]):
+                    batch = permutation[i:i + local["batch_size"]]
+                    optimizer.zero_grad(set_to_none=True)
+                    F.cross_entropy(model(x[batch]), y[batch]).backward()
+                    optimizer.step()
+            trained = {n: t.detach().numpy().copy() for n, t in model.state_dict().items()}
+            replies.append((k, len(y), trained, time.perf_counter() - start))
+        connection.send(replies)
+
+
+def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], list[float]]:
+    """The same rounds without Ray: `actors` worker processes (pipes), the parent averaging and
+    evaluating. Returns (seconds per round, accuracies, cost per client beyond its compute)."""
+    import multiprocessing
+
     import torch
 
-    from algorithms import make_algorithm
-    from raysim.algorithm import Reply
-    from raysim.engine.client_actor import ClientRuntime, to_model_input
-    from raysim.seeding import MODEL_INIT, derive_seed
-    from raysim.tensors import load_weights
+    from raysim.engine.client_actor import to_model_input
+    from raysim.runner import assign_clients
+    from raysim.tensors import load_weights, module_weights, weighted_average
     from raysim.training import evaluate
 
-    threads = int(config.resources.actors * config.resources.cpus_per_actor)
-    runtime = ClientRuntime(config, experiment.spec, experiment.dataset.train_x, experiment.dataset.train_y,
-                            dict(enumerate(experiment.parts)), experiment.mean, experiment.std, None)
-    torch.set_num_threads(threads)  # after ClientRuntime, which sets the per-actor count
-    algorithm = make_algorithm(config)
-    torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
-    state = algorithm.server_init(experiment.spec.build("cpu"), runtime.ctx)
-    test_x = to_model_input(experiment.dataset.test_x, experiment.mean, experiment.std, runtime.device)
-    test_y = torch.from_numpy(np.asarray(experiment.dataset.test_y, dtype=np.int64))
-    eval_model = experiment.spec.build("cpu")
-    times, accuracy = [], []
-    for round_index in range(1, config.rounds + 1):
-        start = time.perf_counter()
-        payload = algorithm.broadcast(state, round_index)
-        replies = []
-        for k in range(config.clients.num):
-            out = runtime.run_client(payload, round_index, k)
-            replies.append(Reply(k, out["num_samples"], out["message"]))
-        state = algorithm.server_update(state, replies, round_index, runtime.ctx)
-        load_weights(eval_model, algorithm.global_weights(state))
-        accuracy.append(evaluate(eval_model, test_x, test_y, config.eval.batch_size)[0])
-        times.append(time.perf_counter() - start)
-    return times, accuracy
+    workers = int(config.resources.actors)
+    owner = assign_clients([len(idx) for idx in experiment.parts], workers)
+    data = experiment.dataset
+    local = {"lr": config.local.lr, "momentum": config.local.momentum, "epochs": config.local.epochs,
+             "batch_size": config.local.batch_size}
+    model = experiment.spec.initial_model()
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited from Ray
+    pipes, processes = [], []
+    for w in range(workers):
+        clients = {k: (to_model_input(data.train_x[idx], experiment.mean, experiment.std, "cpu"),
+                       torch.from_numpy(np.asarray(data.train_y[idx], dtype=np.int64)))
+                   for k, idx in enumerate(experiment.parts) if owner[k] == w}
+        parent, child = context.Pipe()
+        process = context.Process(target=_plain_worker, args=(child, clients, local), daemon=True)
+        process.start()
+        parent.send(experiment.spec.build("cpu"))
+        pipes.append(parent)
+        processes.append(process)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(workers)  # the parent evaluates with every core, as the engine's server does
+    test_x = to_model_input(data.test_x, experiment.mean, experiment.std, "cpu")
+    test_y = torch.from_numpy(np.asarray(data.test_y, dtype=np.int64))
+    weights = module_weights(model)
+    times, accuracy, cost = [], [], []
+    try:
+        for round_index in range(1, config.rounds + 1):
+            start = time.perf_counter()
+            for pipe in pipes:
+                pipe.send((round_index, weights, config.seed))
+            replies = sorted((reply for pipe in pipes for reply in pipe.recv()), key=lambda r: r[0])
+            trained = time.perf_counter()
+            weights = weighted_average([r[2] for r in replies], [r[1] for r in replies])
+            load_weights(model, weights)
+            accuracy.append(evaluate(model, test_x, test_y, config.eval.batch_size)[0])
+            times.append(time.perf_counter() - start)
+            cost.append((trained - start - sum(r[3] for r in replies) / workers) / len(replies))
+    finally:
+        for pipe in pipes:
+            pipe.send(None)
+        for process in processes:
+            process.join(timeout=30)
+        torch.set_num_threads(threads)
+    return times, accuracy, cost
 
 
 def overhead(opts: dict) -> None:
@@ -149,26 +221,32 @@ def overhead(opts: dict) -> None:
 
     config = _bench_config(opts)
     experiment = prepare(config)
-    print(f"FedAvg, {config.dataset.name}, {config.clients.num} clients, model {config.model.name}, "
-          f"{config.rounds} rounds x {config.local.epochs} local epoch(s); engine: {config.resources.actors} "
-          f"actors x 1 thread; plain loop: 1 process x {config.resources.actors} threads")
-    engine_steady, plain_steady, peaks = [], [], []
+    workers = config.resources.actors
+    print(f"FedAvg, {config.dataset.name}, {config.clients.num} clients a round, model {config.model.name}, "
+          f"{config.rounds} rounds x {config.local.epochs} local epoch(s); engine: {workers} actors x 1 thread; "
+          f"plain loop: {workers} processes x 1 thread")
+    engine_steady, plain_steady, engine_cost, plain_cost, peaks = [], [], [], [], []
     # One Ray for all repeats (idle while the plain loop runs), so no repeat overlaps the
     # previous one's shutdown.
     with ray_session(config.resources):
         for repeat in range(int(opts["repeats"])):
-            times, peak, engine_acc = engine_rounds(config, experiment)
-            plain, plain_acc = plain_rounds(config, experiment)
-            engine_steady.append(float(np.mean(times[1:] or times)))
+            engine, peak = engine_rounds(config, experiment)
+            plain, plain_acc, plain_per_client = plain_rounds(config, experiment)
+            engine_steady.append(float(np.mean(engine.times[1:] or engine.times)))
             plain_steady.append(float(np.mean(plain[1:] or plain)))
+            engine_cost.append(float(np.mean(engine.per_client_cost[1:] or engine.per_client_cost)))
+            plain_cost.append(float(np.mean(plain_per_client[1:] or plain_per_client)))
             peaks.append(peak)
-            print(f"repeat {repeat + 1}: engine round 1 {times[0]:.2f} s (warm-up), later rounds "
+            print(f"repeat {repeat + 1}: engine round 1 {engine.times[0]:.2f} s (warm-up), later rounds "
                   f"{engine_steady[-1]:.2f} s; plain loop rounds {plain_steady[-1]:.2f} s; "
-                  f"ratio {engine_steady[-1] / plain_steady[-1]:.3f}; peak memory {peak / 2**30:.2f} GiB; "
-                  f"accuracy engine {engine_acc[-1]:.4f} plain {plain_acc[-1]:.4f}")
+                  f"ratio {engine_steady[-1] / plain_steady[-1]:.3f}; cost per client beyond its compute: engine "
+                  f"{engine_cost[-1] * 1e3:.2f} ms, plain {plain_cost[-1] * 1e3:.2f} ms; peak memory "
+                  f"{peak / 2**30:.2f} GiB; accuracy engine {engine.accuracy[-1]:.4f} plain {plain_acc[-1]:.4f}")
     ratio = float(np.mean(engine_steady) / np.mean(plain_steady))
     print(f"overhead ratio (engine / plain, steady-state rounds, mean of {len(peaks)}): {ratio:.3f} "
           f"(target <= 1.0); peak memory {max(peaks) / 2**30:.2f} GiB (target <= 4 GiB)")
+    print(f"cost per sampled client beyond its compute (mean of {len(peaks)}): engine "
+          f"{np.mean(engine_cost) * 1e3:.2f} ms (target <= 2 ms), plain loop {np.mean(plain_cost) * 1e3:.2f} ms")
 
 
 CONDENSE_DEFAULTS = {"classes": 10, "ipc": 10, "real": 64, "width": 32, "image_size": 32, "channels": 3,

@@ -78,7 +78,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_algorithms(args: argparse.Namespace) -> int:
-    from algorithms import describe_algorithms
+    from raysim.registry import describe_algorithms
 
     for name, text in describe_algorithms():
         print(f"{name:12s} {text}")

@@ -40,6 +40,11 @@ class ClientsConfig:
     num: int = 10
     # Clients sampled per round: an int count, or a fraction in (0, 1] (0.4 = 40%).
     per_round: float = 1.0
+    # Each client's own architecture (heterogeneous-model FL); None: every client has `model:`.
+    # A list is assigned round-robin (client k gets entry k mod len), a mapping names every client id.
+    # An entry is a model name (or package.module:factory) that takes its sizes from `model:`, or a
+    # mapping of `model:` keys, e.g. {name: resnet18, width_multiplier: 0.25}.
+    models: Any = None
 
 
 @dataclass
@@ -49,6 +54,18 @@ class ModelConfig:
     depth: int = 3
     norm: str = "batchnorm"
     hidden: int = 128
+    width_multiplier: float = 1.0  # channel counts of resnet18, googlenet, cnn3, lenet (1.0: as published)
+
+    def describe(self) -> str:
+        """A short name of the architecture (actors.yaml, seeds of per-architecture initial weights)."""
+        if self.name == "convnet":
+            return f"convnet(width={self.width},depth={self.depth},norm={self.norm})"
+        if self.name == "mlp":
+            return f"mlp(hidden={self.hidden})"
+        from raysim.models import SCALABLE
+        if self.name in SCALABLE and self.width_multiplier != 1.0:
+            return f"{self.name}(x{self.width_multiplier:g})"
+        return self.name
 
 
 @dataclass
@@ -267,10 +284,49 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
         tree["resources"] = {**resources, "actors": None}
     config = build_dataclass(Config, tree, "")
     # Imported here: the algorithm registry imports torch, which config parsing should not need.
-    from algorithms import resolve_params
+    from raysim.registry import resolve_params
     config.algorithm = resolve_params(algorithm)
     validate(config)
+    client_architectures(config)  # a malformed clients.models fails here, before Ray starts
     return config
+
+
+def client_architectures(config: Config) -> list[ModelConfig]:
+    """The architecture of every client (index = client id), from `clients.models` and `model:`."""
+    spec, num = config.clients.models, config.clients.num
+    if spec is None:
+        return [config.model] * num
+    if isinstance(spec, dict):
+        ids = {}
+        for key, entry in spec.items():
+            if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < num:
+                raise RaysimError(f"clients.models: key {key!r} is not a client id in 0..{num - 1}: "
+                                  "map client ids to models, or give a list to assign round-robin")
+            ids[key] = entry
+        missing = [k for k in range(num) if k not in ids]
+        if missing:
+            raise RaysimError(f"clients.models names no model for client(s) {missing[:10]}: name every client "
+                              "or give a list to assign round-robin")
+        entries = [ids[k] for k in range(num)]
+    elif isinstance(spec, list) and spec:
+        entries = [spec[k % len(spec)] for k in range(num)]
+    else:
+        raise RaysimError(f"clients.models must be a non-empty list of models or a mapping client id -> model, "
+                          f"got {spec!r}")
+    base = asdict(config.model)
+    built: dict[str, ModelConfig] = {}
+    out = []
+    for k, entry in enumerate(entries):
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise RaysimError(f"clients.models: the entry for client {k} ({entry!r}) must be a model name or "
+                              "a mapping with at least 'name' (e.g. {name: resnet18, width_multiplier: 0.25})")
+        key = repr(sorted(entry.items()))
+        if key not in built:
+            built[key] = build_dataclass(ModelConfig, {**base, **entry}, "clients.models")
+        out.append(built[key])
+    return out
 
 
 def validate(config: Config) -> None:

@@ -11,6 +11,17 @@ classifier weights):
 
 Build models through :func:`build_model`; it validates its arguments and raises
 :class:`~raysim.errors.RaysimError` with a one-line message on bad input.
+
+``width_multiplier`` scales the channel (and hidden-unit) counts of resnet18,
+googlenet, cnn3 and lenet, so 2-core configs can run narrow versions of the
+papers' client models (1.0 is the published architecture). ConvNet has its
+own absolute ``width``; the MLP its ``hidden``.
+
+A name of the form ``package.module:factory`` builds a user's model: the
+factory is called as ``factory(in_channels=..., num_classes=..., image_size=...)``
+and must return an ``nn.Module``. Plain training (the FedAvg family, DynaFed)
+needs nothing more; distribution matching (FedDM, FedAF), MOON and DCFL also
+need the contract above (``embed`` and ``classifier``).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import torch
 from torch import nn
 
 from raysim.errors import RaysimError
+from raysim.plugins import load_object
 
 MODEL_NAMES: tuple[str, ...] = ("convnet", "mlp", "cnn2", "cnn3", "lenet", "resnet18", "googlenet")
 NORMS: tuple[str, ...] = ("batchnorm", "instancenorm", "none")
@@ -62,6 +74,11 @@ def _flat_dim(features: nn.Module, in_channels: int, image_size: int) -> int:
             "use larger images or, for convnet, a smaller model.depth"
         )
     return out[0].numel()
+
+
+def _scaled(channels: int, multiplier: float) -> int:
+    """A layer's channel count at `width_multiplier` (at least one channel)."""
+    return max(1, int(round(channels * multiplier)))
 
 
 def _norm_layer(norm: str, channels: int) -> nn.Module:
@@ -144,16 +161,17 @@ class CNN3(_Backbone):
     (Pooling after the third conv too would leave 512 features, not the 2048
     that the spec quotes, hence no third pool.)"""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
         super().__init__()
+        c = _scaled(128, width_multiplier)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 128, kernel_size=3),
+            nn.Conv2d(in_channels, c, kernel_size=3),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(128, 128, kernel_size=3),
+            nn.Conv2d(c, c, kernel_size=3),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(128, 128, kernel_size=3),
+            nn.Conv2d(c, c, kernel_size=3),
             nn.ReLU(inplace=True),
         )
         self.classifier = nn.Linear(_flat_dim(self.features, in_channels, image_size), num_classes)
@@ -165,45 +183,47 @@ class LeNet(_Backbone):
     A 28-px input gets padding 2 in the first conv (LeNet-5 padded MNIST to 32 px),
     so both sizes give 16*5*5 = 400 conv features."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
         super().__init__()
+        c1, c2, f1, f2 = (_scaled(n, width_multiplier) for n in (6, 16, 120, 84))
         conv = nn.Sequential(
-            nn.Conv2d(in_channels, 6, kernel_size=5, padding=2 if image_size == 28 else 0),
+            nn.Conv2d(in_channels, c1, kernel_size=5, padding=2 if image_size == 28 else 0),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, kernel_size=5),
+            nn.Conv2d(c1, c2, kernel_size=5),
             nn.ReLU(inplace=True),
             nn.MaxPool2d(2),
             nn.Flatten(),
         )
         self.features = nn.Sequential(
             conv,
-            nn.Linear(_flat_dim(conv, in_channels, image_size), 120),
+            nn.Linear(_flat_dim(conv, in_channels, image_size), f1),
             nn.ReLU(inplace=True),
-            nn.Linear(120, 84),
+            nn.Linear(f1, f2),
             nn.ReLU(inplace=True),
         )
-        self.classifier = nn.Linear(84, num_classes)
+        self.classifier = nn.Linear(f2, num_classes)
 
 
 class ResNet18(_Backbone):
     """CIFAR-style ResNet-18: 3x3 stem (64), no initial max pool, four stages of two
     BasicBlocks (64/128/256/512, stride 1/2/2/2), adaptive average pool, linear 512 -> C."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
         # Imported here: torchvision.models pulls in torch._dynamo (about 3-4 s of CPU). Processes
         # that train pay it anyway at their first optimizer; the CLI, bad-input errors and a
         # server that only evaluates do not have to.
         from torchvision.models.resnet import BasicBlock
 
         super().__init__()
+        stem = _scaled(64, width_multiplier)
         layers: list[nn.Module] = [
-            nn.Conv2d(in_channels, 64, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(64),
+            nn.Conv2d(in_channels, stem, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm2d(stem),
             nn.ReLU(inplace=True),
         ]
-        inplanes = 64
-        for planes, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        inplanes = stem
+        for planes, stride in ((_scaled(n, width_multiplier), s) for n, s in ((64, 1), (128, 2), (256, 2), (512, 2))):
             for s in (stride, 1):
                 downsample = None
                 if s != 1 or inplanes != planes:
@@ -216,7 +236,7 @@ class ResNet18(_Backbone):
         # Adaptive pooling makes the 512-d embedding independent of the input size.
         layers.append(nn.AdaptiveAvgPool2d(1))
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(512, num_classes)
+        self.classifier = nn.Linear(inplanes, num_classes)
 
 
 def _conv_bn_relu(cin: int, cout: int, kernel_size: int) -> list[nn.Module]:
@@ -245,24 +265,26 @@ class GoogLeNet(_Backbone):
     ImageNet 7x7/maxpool stem, inception 3a-3b, pool, 4a-4e, pool, 5a-5b,
     adaptive average pool, linear 1024 -> C."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+    # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection) of each block; None: a max pool
+    BLOCKS = ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), None,
+              (192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64), (128, 128, 256, 24, 64, 64),
+              (112, 144, 288, 32, 64, 64), (256, 160, 320, 32, 128, 128), None,
+              (256, 160, 320, 32, 128, 128), (384, 192, 384, 48, 128, 128))
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
         super().__init__()
-        self.features = nn.Sequential(
-            *_conv_bn_relu(in_channels, 192, 3),
-            _Inception(192, 64, 96, 128, 16, 32, 32),
-            _Inception(256, 128, 128, 192, 32, 96, 64),
-            nn.MaxPool2d(3, stride=2, padding=1),
-            _Inception(480, 192, 96, 208, 16, 48, 64),
-            _Inception(512, 160, 112, 224, 24, 64, 64),
-            _Inception(512, 128, 128, 256, 24, 64, 64),
-            _Inception(512, 112, 144, 288, 32, 64, 64),
-            _Inception(528, 256, 160, 320, 32, 128, 128),
-            nn.MaxPool2d(3, stride=2, padding=1),
-            _Inception(832, 256, 160, 320, 32, 128, 128),
-            _Inception(832, 384, 192, 384, 48, 128, 128),
-            nn.AdaptiveAvgPool2d(1),
-        )
-        self.classifier = nn.Linear(1024, num_classes)
+        channels = _scaled(192, width_multiplier)
+        layers: list[nn.Module] = [*_conv_bn_relu(in_channels, channels, 3)]
+        for block in self.BLOCKS:
+            if block is None:
+                layers.append(nn.MaxPool2d(3, stride=2, padding=1))
+                continue
+            n1, n3r, n3, n5r, n5, pool = (_scaled(n, width_multiplier) for n in block)
+            layers.append(_Inception(channels, n1, n3r, n3, n5r, n5, pool))
+            channels = n1 + n3 + n5 + pool
+        layers.append(nn.AdaptiveAvgPool2d(1))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(channels, num_classes)
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -286,18 +308,25 @@ def _check_positive(value: int, what: str, key: str) -> None:
         raise RaysimError(f"{what} must be a positive integer, got {value!r}: fix {key}")
 
 
+SCALABLE: tuple[str, ...] = ("cnn3", "lenet", "resnet18", "googlenet")  # take width_multiplier
+
+
 def build_model(name: str, *, in_channels: int, num_classes: int, image_size: int,
                 width: int = 128, depth: int = 3, norm: str = "batchnorm",
-                hidden: int = 128) -> nn.Module:
+                hidden: int = 128, width_multiplier: float = 1.0) -> nn.Module:
     """Build model ``name`` for ``in_channels`` x ``image_size`` x ``image_size`` input
     and ``num_classes`` outputs.
 
     ``width``, ``depth`` and ``norm`` are used by ConvNet only, ``hidden`` by the
-    MLP only; ``norm`` is validated for every model so a typo never goes unnoticed.
+    MLP only, ``width_multiplier`` by the models in SCALABLE; ``norm`` is validated
+    for every model so a typo never goes unnoticed.
     Raises RaysimError on an unknown name/norm or a non-positive size.
     """
+    if ":" in name:
+        return _user_model(name, in_channels, num_classes, image_size)
     if name not in MODEL_NAMES:
-        raise RaysimError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} (model.name)")
+        raise RaysimError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} "
+                          "or give your own as package.module:factory (model.name)")
     if norm not in NORMS:
         raise RaysimError(f"unknown norm {norm!r}: choose one of {', '.join(NORMS)} (model.norm)")
     _check_positive(in_channels, "in_channels", "the dataset's channel count")
@@ -306,16 +335,31 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
     _check_positive(width, "width", "model.width")
     _check_positive(depth, "depth", "model.depth")
     _check_positive(hidden, "hidden", "model.hidden")
+    if isinstance(width_multiplier, bool) or not isinstance(width_multiplier, (int, float)) or width_multiplier <= 0:
+        raise RaysimError(f"width_multiplier must be a number > 0, got {width_multiplier!r}: "
+                          "fix model.width_multiplier")
 
     common = dict(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
     if name == "convnet":
         model = ConvNet(**common, width=width, depth=depth, norm=norm)
     elif name == "mlp":
         model = MLP(**common, hidden=hidden)
+    elif name == "cnn2":
+        model = CNN2(**common)
     else:
-        model = {"cnn2": CNN2, "cnn3": CNN3, "lenet": LeNet,
-                 "resnet18": ResNet18, "googlenet": GoogLeNet}[name](**common)
+        model = {"cnn3": CNN3, "lenet": LeNet, "resnet18": ResNet18,
+                 "googlenet": GoogLeNet}[name](**common, width_multiplier=width_multiplier)
     # Channels-last convolution weights make every convolution, norm and pooling layer run in
     # NHWC (the input follows the weights). On CPU that is 1.4-2x faster for these small nets
     # (measured: a DM step of ConvNet width 32, 0.36 s -> 0.17-0.28 s); CUDA supports it too.
     return model.to(memory_format=torch.channels_last)
+
+
+def _user_model(path: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    """A model from the user's own code, `package.module:factory`."""
+    factory = load_object(path, "model.name", "a model factory")
+    model = factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
+    if not isinstance(model, nn.Module):
+        raise RaysimError(f"model factory '{path}' returned {type(model).__name__}, not a torch.nn.Module: "
+                          "make it return the model")
+    return model

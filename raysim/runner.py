@@ -5,7 +5,7 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -13,6 +13,7 @@ from raysim.algorithm import ModelSpec
 from raysim.config import Config, dump_config, load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.errors import RaysimError
+from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
 from raysim.partition import class_counts, partition
 from raysim.seeding import PARTITION, numpy_rng
@@ -50,10 +51,23 @@ def prepare(config: Config) -> Experiment:
         raise RaysimError(f"{len(empty)} clients got no data with partition.kind={p.kind} "
                           f"(first: client {empty[0]}): use fewer clients or another partition")
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
-    spec.build("cpu")  # a model that cannot be built for this data fails here, before Ray starts
+    check_models(spec)
     mean, std = dataset.mean_std()
     return Experiment(config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes),
                       spec, mean, std)
+
+
+def check_models(spec: ModelSpec) -> None:
+    """Every architecture of the run builds for this data, and the algorithm can use them: before Ray starts."""
+    from raysim.registry import algorithm_class
+
+    for arch in {a.describe(): a for a in [spec.config.model, *spec.architectures]}.values():
+        spec.build("cpu", arch)
+    cls = algorithm_class(spec.config.algorithm["name"])
+    if spec.heterogeneous and not cls.supports_client_models:
+        raise RaysimError(f"algorithm '{spec.config.algorithm['name']}' needs every client to have the server's "
+                          "model (it combines their weights): remove clients.models or choose an algorithm "
+                          "for heterogeneous models")
 
 
 def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:
@@ -112,16 +126,13 @@ def client_placement():
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=-1)
 
 
-ProgressFn = Callable[[dict[str, Any]], None]
-
-
 def run_experiment(config: Config, run_dir: Path, address: str | None = None,
-                   on_round: ProgressFn | None = None, on_start: Callable[[int, list], None] | None = None,
-                   experiment: Experiment | None = None) -> dict[str, Any]:
-    """Run (or continue) the experiment in `run_dir` and return its summary.
+                   callbacks: list[Callback] = (), experiment: Experiment | None = None) -> dict[str, Any]:
+    """Run (or continue) the experiment in `run_dir` and return its summary: the round loop.
 
-    `on_start(completed_rounds, client_actors)` is called once the actors are up,
-    `on_round(info)` after every round (progress bars, Tune reports, fault tests).
+    The run directory's outputs are the server's callbacks; `callbacks` run here, on the driver,
+    with the same results (progress bars, Tune reports, benchmarks, fault tests). Their
+    `on_run_start` gets the client actors once they are up.
     """
     import ray
 
@@ -136,23 +147,36 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
         else:
             server, actors, refs = _start_actors(config, exp, run_dir)
         try:  # `refs` keeps the shared arrays alive for the whole run
-            actor_info = ray.get([a.info.remote() for a in actors])
-            write_text(run_dir / "actors.yaml", "".join(
-                f"- actor: {i}\n  node_id: {info['node_id']}\n  device: {info['device']}\n"
-                f"  gpu_ids: {info['gpu_ids']}\n  clients: {info['clients']}\n"
-                for i, info in enumerate(actor_info)))
-            start = ray.get(server.completed_rounds.remote())
-            if on_start:
-                on_start(start, actors)
-            for round_index in range(start + 1, config.rounds + 1):
-                info = ray.get(server.run_round.remote(round_index))
-                if on_round:
-                    on_round(info)
-            return ray.get(server.finish.remote())
+            write_actors_file(run_dir, ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
+            start = RunStart(ray.get(server.completed_rounds.remote()), config.rounds, actors)
+            for callback in callbacks:
+                callback.on_run_start(start)
+            for round_index in range(start.completed_rounds + 1, config.rounds + 1):
+                result = ray.get(server.run_round.remote(round_index))
+                for callback in callbacks:
+                    callback.on_round_end(result)
+            summary = ray.get(server.finish.remote())
+            for callback in callbacks:
+                callback.on_run_end(summary)
+            return summary
         finally:
             if not res.in_process:
                 for handle in [server, *actors]:
                     ray.kill(handle, no_restart=True)
+
+
+def write_actors_file(run_dir: Path, actor_info: list[dict[str, Any]], per_client_models: bool) -> None:
+    """actors.yaml: where each actor runs and which clients it hosts (with clients.models, their models)."""
+    import yaml
+
+    entries = []
+    for i, info in enumerate(actor_info):
+        entry = {"actor": i, "node_id": info["node_id"], "device": info["device"], "gpu_ids": info["gpu_ids"],
+                 "clients": info["clients"]}
+        if per_client_models:
+            entry["models"] = info["models"]
+        entries.append(entry)
+    write_text(run_dir / "actors.yaml", yaml.safe_dump(entries, sort_keys=False, default_flow_style=None))
 
 
 def _start_actors(config: Config, exp: Experiment, run_dir: Path):
@@ -220,28 +244,37 @@ def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
 def run_with_progress(config: Config, run_dir: Path, address: str | None = None,
                       experiment: Experiment | None = None) -> dict[str, Any]:
     """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
-    from tqdm import tqdm
-
     exp = experiment or prepare(config)
-    # The bar appears once the actors are up, so that a run refused for its resources prints only the error.
-    bars = []
-    moved = {"bytes": 0.0}
-
-    def on_start(done: int, actors: list) -> None:
-        bars.append(tqdm(total=config.rounds, initial=done, desc=run_dir.name, unit="round", file=sys.stderr,
-                         dynamic_ncols=True))
-
-    def on_round(info: dict[str, Any]) -> None:
-        moved["bytes"] += info["bytes_up"] + info["bytes_down"]
-        postfix = {"acc": f"{info['accuracy']:.4f}"} if "accuracy" in info else {}
-        postfix["moved"] = f"{moved['bytes'] / 1e6:.1f}MB"
-        bars[0].set_postfix(postfix, refresh=False)
-        bars[0].update(1)
-
+    bar = ProgressBar(run_dir.name)
     try:
-        summary = run_experiment(config, run_dir, address, on_round=on_round, on_start=on_start, experiment=exp)
+        summary = run_experiment(config, run_dir, address, callbacks=[bar], experiment=exp)
     finally:
-        for bar in bars:
-            bar.close()
+        bar.close()
     print(one_line_summary(summary, run_dir))
     return summary
+
+
+class ProgressBar(Callback):
+    """A bar on stderr: rounds, accuracy, bytes moved. It appears once the actors are up, so that a
+    run refused for its resources prints only the error."""
+
+    def __init__(self, name: str):
+        self.name, self.bar, self.moved = name, None, 0.0
+
+    def on_run_start(self, start: RunStart) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=start.rounds, initial=start.completed_rounds, desc=self.name, unit="round",
+                        file=sys.stderr, dynamic_ncols=True)
+
+    def on_round_end(self, result: RoundResult) -> None:
+        values = result.values
+        self.moved += values["bytes_up"] + values["bytes_down"]
+        postfix = {"acc": f"{values['accuracy']:.4f}"} if "accuracy" in values else {}
+        postfix["moved"] = f"{self.moved / 1e6:.1f}MB"
+        self.bar.set_postfix(postfix, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

@@ -33,11 +33,3 @@ def torch_generator(seed: int, *keys: int | str, device: str | torch.device = "c
     generator = torch.Generator(device=device)
     generator.manual_seed(derive_seed(seed, *keys))
     return generator
-
-
-def sample_clients(seed: int, round_index: int, num_clients: int, per_round: int) -> list[int]:
-    """The clients taking part in a round, sorted (all of them when per_round == num_clients)."""
-    if per_round >= num_clients:
-        return list(range(num_clients))
-    rng = numpy_rng(seed, CLIENT_SAMPLING, round_index)
-    return sorted(int(k) for k in rng.choice(num_clients, size=per_round, replace=False))

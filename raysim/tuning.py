@@ -24,6 +24,7 @@ import yaml
 
 from raysim.config import ResourcesConfig, dump_config
 from raysim.errors import RaysimError
+from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.files import write_text
 from raysim.sweep import Sweep, load_sweep
 
@@ -55,32 +56,38 @@ def _param_space(sweep: Sweep) -> dict[str, Any]:
 
 def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
     """One simulation; continues its own run directory when Tune restarts it after an interruption."""
-    from ray import tune
-
     from raysim.runner import run_experiment
 
     config = sweep.trial_config(params)
     if config.resources.server_threads is None:
         # Trials share nodes: the server gets its trial's share of cores, not every core.
         config.resources.server_threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
+    from ray import tune
+
     run_dir = sweep_dir / RUNS_DIR / tune.get_context().get_trial_id()
     run_dir.mkdir(parents=True, exist_ok=True)
-    best = {"value": -math.inf, "last": None}
-    summary_file = run_dir / "summary.json"
-    if summary_file.exists():  # resumed: earlier rounds count towards the best
-        earlier = json.loads(summary_file.read_text())
-        best["value"] = earlier.get("best_accuracy") or -math.inf
-        best["last"] = earlier.get("final_accuracy")
+    run_experiment(config, run_dir, callbacks=[TuneReport(run_dir / "summary.json")])
 
-    def on_round(info: dict[str, Any]) -> None:
-        if "accuracy" in info:
-            best["last"] = info["accuracy"]
-            best["value"] = max(best["value"], info["accuracy"])
-        last = best["last"] if best["last"] is not None else 0.0
-        tune.report({"round": info["round"], "accuracy": last, "final_accuracy": last,
-                     "best_accuracy": max(best["value"], 0.0)})
 
-    run_experiment(config, run_dir, on_round=on_round)
+class TuneReport(Callback):
+    """Each round's accuracy (the latest evaluation's), and the best so far, to Tune."""
+
+    def __init__(self, summary_file: Path):
+        self.best, self.last = -math.inf, None
+        if summary_file.exists():  # resumed: earlier rounds count towards the best
+            earlier = json.loads(summary_file.read_text())
+            self.best = earlier.get("best_accuracy") or -math.inf
+            self.last = earlier.get("final_accuracy")
+
+    def on_round_end(self, result: RoundResult) -> None:
+        from ray import tune
+
+        if "accuracy" in result.values:
+            self.last = result.values["accuracy"]
+            self.best = max(self.best, self.last)
+        last = self.last if self.last is not None else 0.0
+        tune.report({"round": result.round, "accuracy": last, "final_accuracy": last,
+                     "best_accuracy": max(self.best, 0.0)})
 
 
 def _write_sweep(sweep: Sweep, sweep_dir: Path) -> None:

@@ -32,6 +32,7 @@ def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path):
     import ray
 
     from raysim.config import load_config
+    from raysim.outputs.callbacks import Callback
     from raysim.runner import run_experiment
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**FAULTY))
@@ -45,14 +46,17 @@ def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path):
         ray.kill(state["actors"][0], no_restart=False)  # dies mid-task; Ray restarts it
         state["killed"] += 1
 
-    def on_round(info):
-        if info["round"] == 1:  # round 2 is being submitted right after this returns
-            state["thread"] = threading.Thread(target=kill_first_actor_soon)
-            state["thread"].start()
+    class KillAfterRoundOne(Callback):
+        def on_run_start(self, start):
+            state["actors"] = start.actors
+
+        def on_round_end(self, result):
+            if result.round == 1:  # round 2 is being submitted right after this returns
+                state["thread"] = threading.Thread(target=kill_first_actor_soon)
+                state["thread"].start()
 
     faulty = tmp_path / "faulty"
-    run_experiment(config, faulty, on_start=lambda start, actors: state.update(actors=actors),
-                   on_round=on_round)
+    run_experiment(config, faulty, callbacks=[KillAfterRoundOne()])
     state["thread"].join()
     assert state["killed"] == 1
     assert server_rows(faulty) == server_rows(clean)

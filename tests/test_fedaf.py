@@ -23,7 +23,7 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     from raysim.config import load_config
     from raysim.engine.client_actor import ClientRuntime
     from raysim.runner import prepare
-    from algorithms import make_algorithm
+    from raysim.registry import make_algorithm
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**fedaf()))
     exp = prepare(config)
@@ -31,10 +31,10 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
                             exp.mean, exp.std, str(tmp_path / "state"))
     torch.manual_seed(0)
     state = make_algorithm(config).server_init(exp.spec.build(), runtime.ctx)
-    payload = make_algorithm(config).broadcast(state, 1)
-    first = runtime.run_client(payload, 1, 0)["message"]["images"]
+    payload = make_algorithm(config).broadcast(state, 1, [0])
+    first = runtime.run_client(1, 0, payload)["message"]["images"]
     runtime.algorithm.params.image_lr = 0.0
-    second = runtime.run_client(payload, 2, 0)["message"]["images"]
+    second = runtime.run_client(2, 0, payload)["message"]["images"]
     np.testing.assert_array_equal(first, second)
     # a fresh initialisation (what FedDM does every round) would differ
     saved = torch.load(tmp_path / "state/client_00000/r000001.pt", weights_only=False)["syn"]
@@ -89,7 +89,7 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     """Appendix C at the paper's scale (IPC 50, ConvNet width 128, CIFAR-10 alpha 0.05, the real
     partition): every client's upload follows the formula, the clients' mean is under half of the
     ConvNet that FedAvg uploads, and a few percent of ResNet18 (the paper's Table 7 comparison)."""
-    from algorithms import make_algorithm
+    from raysim.registry import make_algorithm
     from raysim.config import load_config
     from raysim.models import build_model
     from raysim.runner import prepare

@@ -9,7 +9,7 @@ import numpy as np
 import ray
 import torch
 
-from algorithms import make_algorithm
+from raysim.registry import make_algorithm
 from raysim.algorithm import ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
@@ -37,7 +37,7 @@ class ClientRuntime:
         self.device = pick_device(gpus)
         self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
         self.algorithm = make_algorithm(config)
-        self.ctx = Context(config, spec, self.device, mean, std)
+        self.ctx = Context(config, spec, self.device, config.model, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for client, idx in client_indices.items():
             y = np.asarray(train_y[idx], dtype=np.int64)
@@ -52,14 +52,21 @@ class ClientRuntime:
         where = " (in process)" if self.config.resources.in_process else ""
         return {"node_id": context.get_node_id(), "pid": os.getpid(), "device": f"{self.device}{where}",
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "clients": sorted(self.data),
+                "models": {k: self.ctx.spec.client_architecture(k).describe() for k in sorted(self.data)},
                 "threads": torch.get_num_threads()}
 
-    def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
+    def run_client(self, round_index: int, client: int, payload: dict[str, Any], *parts: dict[str, Any]) -> dict[str, Any]:
+        """Client `client`'s step of round `round_index` on the shared payload merged with the parts
+        addressed to it."""
         start = time.perf_counter()
         seed = derive_seed(self.config.seed, CLIENT_TRAIN, round_index, client)
         torch.manual_seed(seed)  # modules that draw from torch's global generator (dropout, init)
+        for part in parts:
+            payload = {**payload, **part}
         x, y, counts = self.data[client]
-        data = ClientData(id=client, round=round_index, x=x, y=y, label_counts=counts,
+        arch = self.ctx.spec.client_architecture(client)
+        self.ctx.arch = arch  # ctx.model() builds this client's own architecture
+        data = ClientData(id=client, round=round_index, x=x, y=y, label_counts=counts, arch=arch,
                           state=self.states.load(client, round_index),
                           generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client))
         message = self.algorithm.client_update(payload, data, self.ctx)
@@ -83,5 +90,5 @@ class ClientActor:
     def info(self) -> dict[str, Any]:
         return self.runtime.info()
 
-    def run_client(self, payload: dict[str, Any], round_index: int, client: int) -> dict[str, Any]:
-        return self.runtime.run_client(payload, round_index, client)
+    def run_client(self, round_index: int, client: int, payload: dict[str, Any], *parts) -> dict[str, Any]:
+        return self.runtime.run_client(round_index, client, payload, *parts)

@@ -1,10 +1,12 @@
-"""The server actor: owns the global state, runs one round at a time, evaluates, logs, checkpoints.
+"""The server actor: owns the global state and runs one round at a time.
 
 One round (paper-agnostic):
-  payload = algorithm.broadcast(state)     -> one ray.put, read by every sampled client
-  replies = client actors' client_update   -> consumed as they finish (ray.wait)
+  participants = algorithm.select_clients(state, rng(seed, round))   ([] = a server-only round)
+  payload = algorithm.broadcast(state, participants)   -> each part put once in the object store
+  replies = client actors' client_update               -> consumed as they finish (ray.wait)
   state   = algorithm.server_update(state, replies sorted by client id)
-  evaluate the global weights on the test split; write metrics, TensorBoard, checkpoint.
+  evaluate the global weights on the test split; hand the round's results to the output callbacks
+  (metrics.parquet, TensorBoard, checkpoint, summary.json: raysim.outputs.callbacks).
 """
 from __future__ import annotations
 
@@ -17,19 +19,19 @@ import numpy as np
 import ray
 import torch
 
-from algorithms import make_algorithm
-from raysim.algorithm import Context, ModelSpec, Reply
+from raysim.algorithm import Context, ModelSpec, Reply, ServerLog
 from raysim.config import Config
 from raysim.engine.client_actor import to_model_input
+from raysim.engine.delivery import Delivery
 from raysim.engine.devices import configure_torch, pick_device
-from raysim.outputs.files import save_torch, write_json
-from raysim.outputs.metrics import MetricsTable
-from raysim.outputs.tensorboard import TensorBoardLogger
-from raysim.seeding import MODEL_INIT, derive_seed, sample_clients
-from raysim.tensors import load_weights, serialized_nbytes
+from raysim.errors import RaysimError
+from raysim.outputs.callbacks import (CHECKPOINT, Callback, CheckpointFile, MetricsFile, RoundResult, RunStart,
+                                      SummaryFile, TensorBoardFile)
+from raysim.registry import make_algorithm
+from raysim.seeding import CLIENT_SAMPLING, numpy_rng
+from raysim.tensors import load_weights
 from raysim.training import evaluate, evaluate_by_group
 
-CHECKPOINT = "checkpoints/last.pt"
 LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
 
 
@@ -44,7 +46,7 @@ class ServerRuntime:
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         self.threads = configure_torch(threads, self.device, config.resources.deterministic)
-        self.ctx = Context(config, spec, self.device, mean, std)
+        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog())
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
@@ -61,42 +63,65 @@ class ServerRuntime:
             checkpoint = torch.load(checkpoint_path, weights_only=False)
             self.state, self.completed = checkpoint["state"], checkpoint["round"]
             self.previous_wall = checkpoint["wall_time_s"]
+            self.ctx.log.summary.update(checkpoint.get("log_summary", {}))
         else:
-            torch.manual_seed(derive_seed(config.seed, MODEL_INIT))
-            model = spec.build("cpu")
-            self.state, self.completed, self.previous_wall = self.algorithm.server_init(model, self.ctx), 0, 0.0
+            self.state = self.algorithm.server_init(spec.initial_model(), self.ctx)
+            self.completed, self.previous_wall = 0, 0.0
         self.started = time.perf_counter()
-        self.metrics = MetricsTable(self.run_dir / "metrics.parquet", resume_through_round=self.completed)
-        self.tensorboard = None
+        self.callbacks = self._output_callbacks(partition_counts, class_names)
+        for callback in self.callbacks:
+            callback.on_run_start(RunStart(self.completed, config.rounds))
+
+    def _output_callbacks(self, partition_counts, class_names) -> list[Callback]:
+        config = self.config
+        metrics = MetricsFile(self.run_dir / "metrics.parquet", self.completed)
+        self.metrics = metrics.table  # the run's history, read by summary()
+        callbacks: list[Callback] = [metrics]
         if config.output.tensorboard:
-            self.tensorboard = TensorBoardLogger(self.run_dir / "tensorboard", purge_step=self.completed + 1)
-            if self.completed == 0 and partition_counts is not None:
+            def partition_figure():
                 from raysim.plots import partition_figure
-                self.tensorboard.figure("partition", partition_figure(partition_counts, class_names))
+                return partition_figure(partition_counts, class_names)
+            callbacks.append(TensorBoardFile(self.run_dir / "tensorboard", self.completed,
+                                             partition_figure if partition_counts is not None else None))
+        callbacks.append(CheckpointFile(self.run_dir, config.output.checkpoint_every, config.rounds,
+                                        self.checkpoint_data, lambda: self.algorithm.global_weights(self.state)))
+        callbacks.append(SummaryFile(self.run_dir / "summary.json", self.summary))
+        return callbacks
 
     # ------------------------------------------------------------------ round
-    def run_round(self, round_index: int) -> dict[str, Any]:
+    def participants(self, round_index: int) -> list[int]:
+        rng = numpy_rng(self.config.seed, CLIENT_SAMPLING, round_index)
+        chosen = list(self.algorithm.select_clients(self.state, round_index, rng, self.ctx))
+        num = self.config.clients.num
+        bad = [k for k in chosen if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < num]
+        if bad or len(set(chosen)) != len(chosen):
+            why = f"client ids outside 0..{num - 1}: {bad[:5]}" if bad else "a client twice"
+            raise RaysimError(f"round {round_index}: {type(self.algorithm).__name__}.select_clients returned {why}: "
+                              "return distinct ids of existing clients ([] for a server-only round)")
+        return sorted(int(k) for k in chosen)
+
+    def run_round(self, round_index: int) -> RoundResult:
         if round_index != self.completed + 1:
             raise ValueError(f"round {round_index} requested after round {self.completed}")
         t0 = time.perf_counter()
         config = self.config
-        sampled = sample_clients(config.seed, round_index, config.clients.num, config.clients_per_round())
-
-        payload = self.algorithm.broadcast(self.state, round_index)
-        payload_ref = ray.put(payload)
-        bytes_down = serialized_nbytes(payload) * len(sampled)
-        t1 = time.perf_counter()
-
-        pending = {self.actors[self.client_actor[k]].run_client.remote(payload_ref, round_index, k): k
-                   for k in sampled}
+        sampled = self.participants(round_index)
         results: dict[int, dict[str, Any]] = {}
         fetch = 0.0  # time spent moving finished replies out of the object store (the upload)
-        while pending:  # consume results as they finish
-            done, _ = ray.wait(list(pending), num_returns=1)
-            t = time.perf_counter()
-            results[pending.pop(done[0])] = ray.get(done[0])
-            fetch += time.perf_counter() - t
-        del payload_ref
+        bytes_down: dict[int, int] = {}
+        t1 = t0
+        if sampled:
+            delivery = Delivery(self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index)
+            bytes_down = delivery.bytes_down
+            t1 = time.perf_counter()
+            pending = {self.actors[self.client_actor[k]].run_client.remote(round_index, k, *delivery.arguments(k)): k
+                       for k in sampled}
+            while pending:  # consume results as they finish
+                done, _ = ray.wait(list(pending), num_returns=1)
+                t = time.perf_counter()
+                results[pending.pop(done[0])] = ray.get(done[0])
+                fetch += time.perf_counter() - t
+            del delivery
         t2 = time.perf_counter()
 
         replies = [Reply(k, results[k]["num_samples"], results[k]["message"]) for k in sampled]
@@ -105,53 +130,47 @@ class ServerRuntime:
 
         values: dict[str, float] = {}
         if round_index % config.eval.every == 0 or round_index == config.rounds:
-            model = self.ctx.model("eval")
-            load_weights(model, self.algorithm.global_weights(self.state))
-            if self.domains:
-                values["accuracy"], values["loss"], per_domain = evaluate_by_group(
-                    model, self.test_x, self.test_y, self.test_domain, len(self.domains), config.eval.batch_size)
-                values.update({f"domain_accuracy/{name}": a for name, a in zip(self.domains, per_domain)})
-                values["domain_accuracy_mean"] = float(np.nanmean(per_domain))
-            else:
-                values["accuracy"], values["loss"] = evaluate(model, self.test_x, self.test_y, config.eval.batch_size)
+            values.update(self.evaluate())
         t4 = time.perf_counter()
 
-        bytes_up = sum(results[k]["bytes_up"] for k in sampled)
-        values.update({"bytes_up": bytes_up, "bytes_down": bytes_down, "participants": len(sampled),
+        log = self.ctx.log.drain()
+        values.update(log.scalars)
+        values.update({"bytes_up": sum(results[k]["bytes_up"] for k in sampled),
+                       "bytes_down": sum(bytes_down.values()), "participants": len(sampled),
                        "time_broadcast_s": t1 - t0, "time_clients_s": t2 - t1, "time_fetch_s": fetch,
                        "time_server_update_s": t3 - t2, "time_eval_s": t4 - t3})
+        client_values: list[tuple[int, str, float]] = []
         for k in sampled:
-            self.metrics.add(round_index, k, "bytes_up", results[k]["bytes_up"])
-            self.metrics.add(round_index, k, "time_s", results[k]["seconds"])
-            for name, value in results[k]["metrics"].items():
-                self.metrics.add(round_index, k, name, value)
+            client_values += [(k, "bytes_up", results[k]["bytes_up"]), (k, "bytes_down", bytes_down[k]),
+                              (k, "time_s", results[k]["seconds"])]
+            client_values += [(k, name, value) for name, value in results[k]["metrics"].items()]
+        client_values += log.client_values
         self.completed = round_index
         values["round_time_s"] = time.perf_counter() - t0
-        self._log_round(round_index, values)
-        if round_index % config.output.checkpoint_every == 0 or round_index == config.rounds:
-            self.checkpoint()
-        return {"round": round_index, **values}
+        result = RoundResult(round_index, values, client_values, log.images, log.figures)
+        for callback in self.callbacks:
+            callback.on_round_end(result)
+        return result.without_pictures()
 
-    def _log_round(self, round_index: int, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            self.metrics.add(round_index, None, name, value)
-        self.metrics.flush()
-        if self.tensorboard:
-            for tag, (images, per_row) in self.algorithm.images(self.state, self.ctx).items():
-                self.tensorboard.image_grid(tag, images, round_index, nrow=per_row)
-            self.tensorboard.scalars(round_index, {
-                ("test/" if name in ("accuracy", "loss") or name.startswith("domain_accuracy") else "comm/" if name.startswith("bytes")
-                 else "time/" if name.startswith("time") else "round/") + name: value
-                for name, value in values.items()})
-            self.tensorboard.flush()
-        write_json(self.run_dir / "summary.json", self.summary(finished=False))
+    def evaluate(self) -> dict[str, float]:
+        model = self.ctx.model("eval")
+        load_weights(model, self.algorithm.global_weights(self.state))
+        batch = self.config.eval.batch_size
+        if not self.domains:
+            accuracy, loss = evaluate(model, self.test_x, self.test_y, batch)
+            return {"accuracy": accuracy, "loss": loss}
+        accuracy, loss, per_domain = evaluate_by_group(model, self.test_x, self.test_y, self.test_domain,
+                                                       len(self.domains), batch)
+        return {"accuracy": accuracy, "loss": loss,
+                **{f"domain_accuracy/{name}": a for name, a in zip(self.domains, per_domain)},
+                "domain_accuracy_mean": float(np.nanmean(per_domain))}
 
     def wall_time(self) -> float:
         return self.previous_wall + time.perf_counter() - self.started
 
-    def checkpoint(self) -> None:
-        save_torch(self.run_dir / CHECKPOINT,
-                   {"round": self.completed, "state": self.state, "wall_time_s": self.wall_time()})
+    def checkpoint_data(self) -> dict[str, Any]:
+        return {"round": self.completed, "state": self.state, "wall_time_s": self.wall_time(),
+                "log_summary": dict(self.ctx.log.summary)}
 
     # ------------------------------------------------------------------ end
     def summary(self, finished: bool) -> dict[str, Any]:
@@ -170,9 +189,21 @@ class ServerRuntime:
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
+            **self.client_models(),
             **self.domain_summary(),
+            **self.ctx.log.summary,
             **self.algorithm.summary_extras(self.state),
         }
+
+    def client_models(self) -> dict[str, Any]:
+        """With clients.models: which clients have which architecture."""
+        spec = self.ctx.spec
+        if not spec.heterogeneous:
+            return {}
+        groups: dict[str, list[int]] = {}
+        for k, arch in enumerate(spec.architectures):
+            groups.setdefault(arch.describe(), []).append(k)
+        return {"client_models": groups}
 
     def domain_summary(self) -> dict[str, Any]:
         """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
@@ -187,10 +218,8 @@ class ServerRuntime:
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary(finished=self.completed >= self.config.rounds)
-        write_json(self.run_dir / "summary.json", summary)
-        save_torch(self.run_dir / "checkpoints/final_model.pt", self.algorithm.global_weights(self.state))
-        if self.tensorboard:
-            self.tensorboard.close()
+        for callback in self.callbacks:
+            callback.on_run_end(summary)
         return summary
 
     def completed_rounds(self) -> int:
@@ -205,7 +234,7 @@ class ServerActor:
     def completed_rounds(self) -> int:
         return self.runtime.completed_rounds()
 
-    def run_round(self, round_index: int) -> dict[str, Any]:
+    def run_round(self, round_index: int) -> RoundResult:
         return self.runtime.run_round(round_index)
 
     def finish(self) -> dict[str, Any]:

@@ -1,0 +1,34 @@
+"""User code named in a config: `package.module:name` (an algorithm class, a model factory)."""
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import RaysimError
+
+
+def load_object(path: str, key: str, what: str) -> Any:
+    """Import `package.module:name` and return `name`; one-line RaysimError naming `key` otherwise.
+
+    The module is found on sys.path, which includes the working directory, so a researcher's
+    `my_algo.py` beside their config works as `my_algo:MyAlgorithm`.
+    """
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute or ":" in attribute:
+        raise RaysimError(f"{key}='{path}' is not of the form package.module:name: write e.g. my_algo:MyAlgorithm")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise RaysimError(f"{key}='{path}': no module '{module_name}' on the Python path (working directory "
+                              f"{Path.cwd()}): run from the folder that holds it or add it to PYTHONPATH") from None
+        raise  # the user's module itself failed to import something: their traceback is the useful one
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise RaysimError(f"{key}='{path}': module '{module_name}' ({getattr(module, '__file__', '?')}) "
+                          f"has no {what} named '{attribute}'") from None

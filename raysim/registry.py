@@ -1,0 +1,83 @@
+"""Which algorithm a config names: a built-in found by convention, or the user's own class.
+
+Built-ins are discovered, not listed: `algorithm.name: fedavg` is the `Algorithm` subclass whose
+`name` is "fedavg" in the module `algorithms/fedavg.py` (modules starting with `_` are helpers).
+`algorithm.name: package.module:Class` loads a researcher's class from their own file; it is
+validated like a built-in (unknown or ill-typed parameters fail before Ray starts).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import asdict, fields
+from typing import Any
+
+from raysim.errors import RaysimError
+from raysim.plugins import load_object
+
+BUILTIN_PACKAGE = "algorithms"  # imported by name only: algorithms import raysim, never the reverse
+
+
+def builtin_names() -> list[str]:
+    """The built-in algorithms, in alphabetical order (one module each)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+
+
+def algorithm_class(name: str) -> type:
+    from raysim.algorithm import Algorithm
+
+    if ":" in name:
+        cls = load_object(name, "algorithm.name", "algorithm class")
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+            raise RaysimError(f"algorithm.name='{name}' is not a subclass of raysim.algorithm.Algorithm: "
+                              "derive your class from it (or from algorithms.fedavg.FedAvg)")
+        return cls
+    known = builtin_names()
+    if name not in known:
+        raise RaysimError(f"unknown algorithm '{name}': choose one of {', '.join(known)} "
+                          "or give your own as package.module:Class (algorithm.name)")
+    module = importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
+    found = [obj for obj in vars(module).values()
+             if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.name == name]
+    if len(found) != 1:  # a broken convention is the developer's bug, said plainly
+        raise RaysimError(f"module {module.__name__} must define exactly one Algorithm subclass with name = "
+                          f"'{name}', found {len(found)}")
+    return found[0]
+
+
+def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
+    """`algorithm:` section -> {name, every parameter with its default filled in}, validated."""
+    from raysim.config import build_dataclass
+
+    section = dict(section)
+    name = str(section.pop("name", "fedavg"))
+    cls = algorithm_class(name)
+    known = [f.name for f in fields(cls.Params)]
+    for key in section:
+        if key not in known:
+            takes = f"its parameters are {', '.join(known)}" if known else "it takes no parameters"
+            raise RaysimError(f"unknown config key 'algorithm.{key}' for algorithm '{name}': {takes} "
+                              "(see 'raysim algorithms')")
+    params = build_dataclass(cls.Params, section, "algorithm")
+    check = getattr(params, "validate", None)
+    if check is not None:
+        check()
+    return {"name": name, **asdict(params)}
+
+
+def make_algorithm(config):
+    from raysim.config import build_dataclass
+
+    section = dict(config.algorithm)
+    cls = algorithm_class(section.pop("name"))
+    return cls(build_dataclass(cls.Params, section, "algorithm"), config)
+
+
+def describe_algorithms() -> list[tuple[str, str]]:
+    rows = []
+    for name in builtin_names():
+        cls = algorithm_class(name)
+        params = ", ".join(f"algorithm.{k}={v}" for k, v in asdict(cls.Params()).items())
+        rows.append((name, cls.summary + (f" [{params}]" if params else "")))
+    return rows
