@@ -31,7 +31,6 @@ for the noise), and the test accuracy of a model trained from scratch on D_syn a
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,12 +38,12 @@ import torch
 
 from algorithms.fedavg import FedAvg
 from raysim.condense.augment import DSA
-from raysim.condense.trajectory import classifier_names, distance_after_training, soft_cross_entropy, synthesize
-from raysim.condense.synthetic import even_batches, to_pixels
+from raysim.condense.trajectory import classifier_names, distance_after_training, synthesize
+from raysim.condense.synthetic import to_pixels
 from raysim.errors import RaysimError
-from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
+from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
-from raysim.training import batchnorm_statistics_frozen, evaluate
+from raysim.training import evaluate, train_soft_labels
 
 PREVIEW_PER_CLASS = 10
 DIAGNOSTIC_STEP_FRACTIONS = (1.0, 0.5, 0.25, 0.125)  # of D_syn's learned step size
@@ -61,25 +60,6 @@ def class_logits(num_classes: int, ipc: int, scale: float, device) -> torch.Tens
     """Label logits for ipc images per class in class order: scale x one-hot."""
     own_class = torch.arange(num_classes, device=device).repeat_interleave(ipc)
     return torch.nn.functional.one_hot(own_class, num_classes).float() * scale
-
-
-def finetune(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor, epochs: int, batch_size: int,
-             lr: float, generator: torch.Generator, augment: DSA | None, keep_bn_statistics: bool = False) -> None:
-    """Train `model` on (x, soft labels) with Adam (the server-side refinement of Algorithm 2).
-    keep_bn_statistics: batch norm's running statistics stay those the clients aggregated."""
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    with batchnorm_statistics_frozen(model) if keep_bn_statistics else nullcontext():
-        for _ in range(epochs):
-            order = torch.randperm(len(x), generator=generator).to(x.device)
-            for idx in even_batches(order, batch_size):
-                xb = x[idx]
-                if augment is not None:  # per-image DSA (see `augmentation`)
-                    xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
-                loss = soft_cross_entropy(model(xb), label_logits[idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
 
 
 class DynaFed(FedAvg):
@@ -146,9 +126,9 @@ class DynaFed(FedAvg):
             model = ctx.model("server")
             load_weights(model, state["weights"])
             x, labels = self.synthetic(state, ctx)
-            finetune(model, x, labels, p.finetune_epochs, p.finetune_batch, p.finetune_lr,
-                     torch_generator(self.config.seed, SERVER, round_index), augmentation(p.dsa),
-                     keep_bn_statistics=p.finetune_keeps_bn_statistics)
+            train_soft_labels(model, x, labels, p.finetune_epochs, p.finetune_batch, p.finetune_lr,
+                              torch_generator(self.config.seed, SERVER, round_index), augmentation(p.dsa),
+                              keep_bn_statistics=p.finetune_keeps_bn_statistics)
             state["weights"] = module_weights(model)
         if "syn_x" in state:
             self.show_synthetic(state, ctx)
@@ -205,9 +185,8 @@ class DynaFed(FedAvg):
                 augment=augment, shift_free=self.shift_free(ctx), target_average_max=p.target_average_max)
                 for fraction in DIAGNOSTIC_STEP_FRACTIONS)
 
-        torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT))
-        fresh = ctx.spec.build(ctx.device)
-        finetune(fresh, x, y, p.syn_only_epochs, p.finetune_batch, 1e-3, torch_generator(self.config.seed, SERVER, "dynafed-syn-only"), augment)
+        fresh = ctx.spec.initial_model(device=ctx.device)
+        train_soft_labels(fresh, x, y, p.syn_only_epochs, p.finetune_batch, 1e-3, torch_generator(self.config.seed, SERVER, "dynafed-syn-only"), augment)
         with torch.no_grad():
             accuracy, _ = evaluate(fresh, ctx.test_x, ctx.test_y)
         return {"syn_distance": distance(x, y), "real_distance": distance(real_x, real_labels),

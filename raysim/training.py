@@ -1,7 +1,15 @@
-"""Local training and evaluation loops shared by the algorithms."""
+"""The one training loop (clients' local training, server training on condensed data, DynaFed's
+fine-tuning, distillation), and evaluation.
+
+`train` runs epochs of shuffled mini-batches; what differs between its callers is a parameter:
+the loss (cross-entropy, with an algorithm's extra terms, or soft labels), the optimiser, an
+augmentation applied per batch, a hook on the gradients, and how an epoch is cut into batches.
+"""
 from __future__ import annotations
 
-from contextlib import contextmanager
+import math
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -11,19 +19,61 @@ from raysim.config import LocalConfig
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 GradHook = Callable[[torch.nn.Module], None]
+Augment = Callable[[torch.Tensor, int], torch.Tensor]  # (batch, seed) -> augmented batch (raysim.condense.augment.DSA)
 
 
 def cross_entropy_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(model(x), y)
 
 
-def batches(x: torch.Tensor, y: torch.Tensor, batch_size: int,
-            generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch of shuffled mini-batches (the order drawn from the client's own generator)."""
-    order = torch.randperm(len(y), generator=generator).to(y.device)
-    for start in range(0, len(y), batch_size):
-        idx = order[start:start + batch_size]
-        yield x[idx], y[idx]
+def fixed_batches(order: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, ...]:
+    """An epoch's shuffled indices in batches of `batch_size`, the last one holding the rest."""
+    return order.split(batch_size)
+
+
+def even_batches(order: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, ...]:
+    """An epoch's shuffled indices in ceil(N / batch_size) batches of nearly equal size.
+
+    Condensed sets are small (a few hundred images), so a plain split leaves a last batch of a
+    handful of images whose batch-norm statistics are noise, and they go into the running
+    statistics used at test time: 780 images at 256 would end each epoch on a batch of 12.
+    """
+    return order.tensor_split(max(1, math.ceil(len(order) / batch_size)))
+
+
+@dataclass
+class TrainStats:
+    steps: int              # optimiser steps taken
+    mean_loss: float        # over every step
+    last_epoch_loss: float  # over the last epoch's steps
+
+
+def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+          optimizer: torch.optim.Optimizer, generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
+          augment: Augment | None = None, grad_hook: GradHook | None = None,
+          split: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]] = fixed_batches) -> TrainStats:
+    """`epochs` of mini-batch training of `model` on (x, y); y is whatever `loss_fn` takes (labels,
+    soft-label logits). Each epoch's order is drawn from `generator`, then, per batch, the seed of
+    `augment`. `grad_hook` edits the gradients before each step (SCAFFOLD's correction)."""
+    model.train()
+    steps, total, epoch_total, epoch_steps = 0, 0.0, 0.0, 0
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator).to(y.device)
+        epoch_total, epoch_steps = 0.0, 0
+        for idx in split(order, batch_size):
+            xb, yb = x[idx], y[idx]
+            if augment is not None:
+                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(model, xb, yb)
+            loss.backward()
+            if grad_hook is not None:
+                grad_hook(model)
+            optimizer.step()
+            value = float(loss.detach())
+            steps, total = steps + 1, total + value
+            epoch_steps, epoch_total = epoch_steps + 1, epoch_total + value
+    return TrainStats(steps, total / max(steps, 1), epoch_total / max(epoch_steps, 1))
 
 
 def make_optimizer(params, local: LocalConfig) -> torch.optim.Optimizer:
@@ -36,32 +86,45 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local:
                 generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
                 grad_hook: GradHook | None = None, epochs: int | None = None,
                 client_state: dict | None = None) -> tuple[int, float]:
-    """`epochs` of mini-batch training; returns (optimizer steps taken, mean training loss).
+    """A client's `local.epochs` of training; returns (optimizer steps taken, mean training loss).
 
     `loss_fn` adds the algorithm's terms (proximal, contrastive, ...);
     `grad_hook` edits gradients before the step (SCAFFOLD's correction);
     `client_state`: with `local.keep_optimizer`, the optimiser resumes from the state kept there
     and leaves its new state there (on the CPU, so it is checkpointed with the client).
     """
-    model.train()
     optimizer = make_optimizer(model.parameters(), local)
     keep = local.keep_optimizer and client_state is not None
     if keep and "optimizer" in client_state:
         optimizer.load_state_dict(client_state["optimizer"])
-    steps, total = 0, 0.0
-    for _ in range(local.epochs if epochs is None else epochs):
-        for xb, yb in batches(x, y, local.batch_size, generator):
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model, xb, yb)
-            loss.backward()
-            if grad_hook is not None:
-                grad_hook(model)
-            optimizer.step()
-            steps += 1
-            total += float(loss.detach())
+    stats = train(model, x, y, epochs=local.epochs if epochs is None else epochs, batch_size=local.batch_size,
+                  optimizer=optimizer, generator=generator, loss_fn=loss_fn, grad_hook=grad_hook)
     if keep:
         client_state["optimizer"] = _to_cpu(optimizer.state_dict())
-    return steps, total / max(steps, 1)
+    return stats.steps, stats.mean_loss
+
+
+def soft_cross_entropy(logits: torch.Tensor, label_logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against softmax(label_logits) (learnable soft labels), averaged over the batch
+    *and the classes*, as the DynaFed authors' `kd_loss`: the usual cross-entropy divided by C.
+    The reduction fixes the scale of an unrolled step, step_size x gradient: their initial step size
+    0.04 is in these units, so summing over classes would make every inner step C times theirs."""
+    return -(F.softmax(label_logits, dim=1) * F.log_softmax(logits, dim=1)).mean()
+
+
+def soft_label_loss(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor) -> torch.Tensor:
+    return soft_cross_entropy(model(x), label_logits)
+
+
+def train_soft_labels(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor, epochs: int,
+                      batch_size: int, lr: float, generator: torch.Generator, augment: Augment | None,
+                      keep_bn_statistics: bool = False) -> TrainStats:
+    """Adam on (x, soft labels) in even batches (DynaFed's server-side refinement, Algorithm 2).
+    keep_bn_statistics: batch norm's running statistics stay those the model came with."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    with batchnorm_statistics_frozen(model) if keep_bn_statistics else nullcontext():
+        return train(model, x, label_logits, epochs=epochs, batch_size=batch_size, optimizer=optimizer,
+                     generator=generator, loss_fn=soft_label_loss, augment=augment, split=even_batches)
 
 
 def _to_cpu(tree):

@@ -10,7 +10,8 @@ import torch
 from raysim.condense.augment import DSA, FAMILIES
 from raysim.condense.matching import class_mean_logits, dm_loss, real_batch_indices, soft_labels, symmetric_kl
 from raysim.condense.models import perturb_model, resample_model
-from raysim.condense.synthetic import dequantize, even_batches, init_synthetic, quantize
+from raysim.condense.synthetic import dequantize, init_synthetic, quantize
+from raysim.training import even_batches
 from raysim.condense.wasserstein import sliced_wasserstein
 from raysim.models import build_model
 from raysim.tensors import module_weights

@@ -69,7 +69,7 @@ def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
 
 
 def test_finetuning_can_keep_the_aggregated_batchnorm_statistics():
-    from algorithms.dynafed import finetune
+    from raysim.training import train_soft_labels as finetune
 
     torch.manual_seed(0)
     model = build_model("convnet", in_channels=1, num_classes=2, image_size=8, width=4, depth=1, norm="batchnorm")
@@ -115,7 +115,7 @@ def test_horizon_longer_than_the_trajectory_is_one_clear_error():
 # ------------------------------------------------------------- fidelity to the authors' code
 def test_inner_loss_is_the_soft_cross_entropy_averaged_over_batch_and_classes():
     """The authors' kd_loss: mean over batch *and* classes, so their step size 0.04 means what it says."""
-    from raysim.condense.trajectory import soft_cross_entropy
+    from raysim.training import soft_cross_entropy
 
     g = torch.Generator().manual_seed(0)
     logits, targets = torch.randn(6, 10, generator=g), torch.randn(6, 10, generator=g)

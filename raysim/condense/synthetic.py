@@ -1,7 +1,6 @@
 """Condensed sets: initialisation, uint8 transport, and training a model on them."""
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
@@ -9,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from raysim.condense.augment import DSA
+from raysim.training import even_batches, train
 
 
 def init_synthetic(real: torch.Tensor, ipc: int, generator: torch.Generator, mode: str = "real",
@@ -65,40 +65,19 @@ def to_pixels(images: torch.Tensor | np.ndarray, mean: np.ndarray, std: np.ndarr
     return quantize(images.float(), mean, std).astype(np.float32) / 255
 
 
-def even_batches(order: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, ...]:
-    """An epoch's shuffled indices in ceil(N / batch_size) batches of nearly equal size.
-
-    Condensed sets are small (a few hundred images), so a plain split leaves a last batch of a
-    handful of images whose batch-norm statistics are noise, and they go into the running
-    statistics used at test time: 780 images at 256 would end each epoch on a batch of 12.
-    """
-    return order.tensor_split(max(1, math.ceil(len(order) / batch_size)))
-
-
 ExtraLoss = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def train_on_synthetic(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int,
                        lr: float, momentum: float, generator: torch.Generator, augment: DSA | None = None,
                        extra_loss: ExtraLoss | None = None, weight_decay: float = 0.0) -> float:
-    """Cross-entropy training on a condensed set (+ `extra_loss(model, xb, yb, logits)`); returns the last epoch's loss."""
-    model.train()
+    """Cross-entropy training on a condensed set in even batches (+ `extra_loss(model, xb, yb, logits)`);
+    returns the last epoch's loss."""
+    def loss_fn(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        logits = model(xb)
+        loss = F.cross_entropy(logits, yb)
+        return loss if extra_loss is None else loss + extra_loss(model, xb, yb, logits)
+
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    last = 0.0
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=generator).to(y.device)
-        total, batches = 0.0, 0
-        for idx in even_batches(order, batch_size):
-            xb, yb = x[idx], y[idx]
-            if augment is not None:
-                xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
-            logits = model(xb)
-            loss = F.cross_entropy(logits, yb)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model, xb, yb, logits)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total, batches = total + float(loss.detach()), batches + 1
-        last = total / max(batches, 1)
-    return last
+    return train(model, x, y, epochs=epochs, batch_size=batch_size, optimizer=optimizer, generator=generator,
+                 loss_fn=loss_fn, augment=augment, split=even_batches).last_epoch_loss

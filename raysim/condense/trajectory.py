@@ -14,8 +14,9 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call
+
+from raysim.training import soft_cross_entropy
 
 Augment = Callable[[torch.Tensor, int], torch.Tensor]
 Weights = dict[str, np.ndarray]
@@ -30,14 +31,6 @@ def as_tensors(weights: Weights, names: list[str], device) -> dict[str, torch.Te
     return {n: torch.as_tensor(np.asarray(weights[n]), dtype=torch.float32, device=device) for n in names}
 
 
-def soft_cross_entropy(logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy against softmax(target_logits) (learnable soft labels), averaged over the batch
-    *and the classes*, as the DynaFed authors' `kd_loss`: the usual cross-entropy divided by C.
-    The reduction fixes the scale of an unrolled step, step_size x gradient: their initial step size
-    0.04 is in these units, so summing over classes would make every inner step C times theirs."""
-    return -(F.softmax(target_logits, dim=1) * F.log_softmax(logits, dim=1)).mean()
-
-
 def inner_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor | None]:
     """Indices of each unrolled step's batch: the shuffled set cut into batches of `batch_size`, a new
     shuffle when they run out (the authors' code). None when a batch is the whole set (their default,
@@ -50,18 +43,27 @@ def inner_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterat
 
 
 def unrolled_training(model: torch.nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
-                      label_logits: torch.Tensor, step_size: torch.Tensor, steps: int, batch_size: int,
-                      generator: torch.Generator, augment: Augment | None = None) -> dict[str, torch.Tensor]:
-    """s' steps of SGD from `start` on (x, soft labels), kept differentiable in x, labels and step size.
-    `batch_size` <= 0 (or >= len(x)): the whole set every step."""
+                      label_logits: torch.Tensor, step_size: torch.Tensor | float, steps: int, batch_size: int,
+                      generator: torch.Generator, augment: Augment | None = None,
+                      differentiable: bool = True) -> dict[str, torch.Tensor]:
+    """s' steps of SGD from `start` on (x, soft labels). differentiable: the end point keeps the graph
+    back to x, labels and step size (synthesis); otherwise each step is detached (evaluation, no
+    graph held). `batch_size` <= 0 (or >= len(x)): the whole set every step."""
     names = list(start)
-    params = {n: p.clone().requires_grad_(True) if not p.requires_grad else p for n, p in start.items()}
+    if differentiable:
+        params = {n: p.clone().requires_grad_(True) if not p.requires_grad else p for n, p in start.items()}
+    else:
+        params = _no_grad_copy(start)
     batches = inner_batches(len(x), batch_size, generator)
     for _ in range(steps):
+        if not differentiable:
+            params = {n: p.requires_grad_(True) for n, p in params.items()}
         xb, yb = _batch(x, label_logits, next(batches), augment, generator)
         loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
-        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=True)
+        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=differentiable)
         params = {n: params[n] - step_size * g for n, g in zip(names, grads)}
+        if not differentiable:
+            params = {n: p.detach() for n, p in params.items()}
     return params
 
 
@@ -168,13 +170,7 @@ def distance_after_training(model: torch.nn.Module, trajectory: list[Weights], x
     total = 0.0
     for _ in range(segments):
         start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
-        params = _no_grad_copy(start)
-        batches = inner_batches(len(x), batch_size, generator)
-        for _ in range(inner_steps):
-            params = {n: p.requires_grad_(True) for n, p in params.items()}
-            xb, yb = _batch(x, label_logits, next(batches), augment, generator)
-            loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
-            grads = torch.autograd.grad(loss, list(params.values()))
-            params = {n: (p - step_size * g).detach() for (n, p), g in zip(params.items(), grads)}
-        total += float(normalised_distance(params, start, target, shift_free))
+        end = unrolled_training(model, start, x, label_logits, step_size, inner_steps, batch_size, generator,
+                                augment, differentiable=False)
+        total += float(normalised_distance(end, start, target, shift_free))
     return total / segments
