@@ -357,7 +357,7 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
 
 def _user_model(path: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     """A model from the user's own code, `package.module:factory`."""
-    factory = load_object(path, "model.name", "a model factory")
+    factory = load_object(path, "model.name", "model factory")
     model = factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
     if not isinstance(model, nn.Module):
         raise RaysimError(f"model factory '{path}' returned {type(model).__name__}, not a torch.nn.Module: "
