@@ -104,3 +104,25 @@ def test_describe_models_lists_every_model_once():
     rows = describe_models()
     assert [name for name, _ in rows] == list(MODEL_NAMES)
     assert all(desc and "\n" not in desc for _, desc in rows)
+
+
+@pytest.mark.parametrize("name", ["cnn3", "lenet", "resnet18", "googlenet"])
+def test_width_multiplier_narrows_the_scalable_models_and_one_is_the_published_width(name):
+    def params(model):
+        return sum(p.numel() for p in model.parameters())
+
+    full = build_model(name, in_channels=3, num_classes=10, image_size=32)
+    same = build_model(name, in_channels=3, num_classes=10, image_size=32, width_multiplier=1.0)
+    narrow = build_model(name, in_channels=3, num_classes=10, image_size=32, width_multiplier=0.25)
+    assert params(same) == params(full)
+    assert params(narrow) < params(full) / 4
+    x = torch.randn(2, 3, 32, 32)
+    assert narrow(x).shape == (2, 10)
+    assert torch.allclose(narrow(x), narrow.classifier(narrow.embed(x)), atol=1e-5)
+
+
+def test_published_sizes_are_unchanged():
+    # ResNet-18 (CIFAR stem) 11.17M parameters; the CIFAR GoogLeNet 6.17M
+    sizes = {name: sum(p.numel() for p in build_model(name, in_channels=3, num_classes=10, image_size=32).parameters())
+             for name in ("resnet18", "googlenet")}
+    assert sizes == {"resnet18": 11_173_962, "googlenet": 6_166_250}

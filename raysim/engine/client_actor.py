@@ -78,6 +78,14 @@ class ClientRuntime:
                 "seconds": time.perf_counter() - start}
 
 
+    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any],
+                    parts: dict[int, list[ray.ObjectRef]]):
+        """Several clients' steps, one after the other, each result yielded as soon as it is ready."""
+        for client in clients:
+            mine = ray.get(parts[client]) if parts.get(client) else []
+            yield self.run_client(round_index, client, payload, *mine)
+
+
 @ray.remote
 class ClientActor:
     def __init__(self, config, spec, data_refs: list, *args, **kwargs):
@@ -92,3 +100,6 @@ class ClientActor:
 
     def run_client(self, round_index: int, client: int, payload: dict[str, Any], *parts) -> dict[str, Any]:
         return self.runtime.run_client(round_index, client, payload, *parts)
+
+    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict):
+        yield from self.runtime.run_clients(round_index, clients, payload, parts)

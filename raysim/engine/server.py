@@ -114,13 +114,16 @@ class ServerRuntime:
             delivery = Delivery(self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index)
             bytes_down = delivery.bytes_down
             t1 = time.perf_counter()
-            pending = {self.actors[self.client_actor[k]].run_client.remote(round_index, k, *delivery.arguments(k)): k
-                       for k in sampled}
-            while pending:  # consume results as they finish
-                done, _ = ray.wait(list(pending), num_returns=1)
-                t = time.perf_counter()
-                results[pending.pop(done[0])] = ray.get(done[0])
-                fetch += time.perf_counter() - t
+            if os.environ.get("RAYSIM_DISPATCH") == "stream" and not config.resources.in_process:
+                fetch = self._stream_clients(round_index, sampled, delivery, results)
+            else:
+                pending = {self.actors[self.client_actor[k]].run_client.remote(round_index, k, *delivery.arguments(k)): k
+                           for k in sampled}
+                while pending:  # consume results as they finish
+                    done, _ = ray.wait(list(pending), num_returns=1)
+                    t = time.perf_counter()
+                    results[pending.pop(done[0])] = ray.get(done[0])
+                    fetch += time.perf_counter() - t
             del delivery
         t2 = time.perf_counter()
 
@@ -151,6 +154,28 @@ class ServerRuntime:
         for callback in self.callbacks:
             callback.on_round_end(result)
         return result.without_pictures()
+
+    def _stream_clients(self, round_index, sampled, delivery, results) -> float:
+        by_actor: dict[int, list[int]] = {}
+        for k in sampled:
+            by_actor.setdefault(self.client_actor[k], []).append(k)
+        live = [self.actors[a].run_clients.options(num_returns="streaming").remote(
+                    round_index, ks, delivery.shared, {k: delivery.parts[k] for k in ks if delivery.parts[k]})
+                for a, ks in by_actor.items()]
+        fetch = 0.0
+        while live:
+            ready, _ = ray.wait(live, num_returns=1)
+            for stream in ready:
+                try:
+                    ref = next(stream)
+                except StopIteration:
+                    live.remove(stream)
+                    continue
+                t = time.perf_counter()
+                result = ray.get(ref)
+                results[result["client"]] = result
+                fetch += time.perf_counter() - t
+        return fetch
 
     def evaluate(self) -> dict[str, float]:
         model = self.ctx.model("eval")
