@@ -74,3 +74,30 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
             _tiny_runs[key] = run_experiment(config, run_dir), run_dir
         return _tiny_runs[key]
     return run
+
+
+def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: int, env: dict) -> int:
+    """`raysim run` in a subprocess, SIGKILLed (with the Ray it started) once its checkpoint holds
+    `after_round`; returns the round of the checkpoint it left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(root / "configs/quickstart.yaml"), *overrides,
+           "--out", str(run_dir)]
+    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    checkpoint = run_dir / "checkpoints/last.pt"
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= after_round:
+            break
+        assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return torch.load(checkpoint, weights_only=False)["round"]

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import tiny_overrides
+from tests.conftest import run_and_kill_after_round, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 HETEROGENEOUS = {"algorithm.name": "tests.engine_algorithms:OneShotDistill", "rounds": 2,
@@ -78,20 +76,7 @@ def test_server_only_rounds_resume_after_sigkill_to_the_same_numbers(run_tiny, t
     _, uninterrupted = run_tiny(**extra)
     run_dir = tmp_path / "killed"
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "configs/quickstart.yaml"),
-           *tiny_overrides(**extra), "--out", str(run_dir)]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    checkpoint = run_dir / "checkpoints/last.pt"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= 2:
-            break
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started, in a server-only round
-    proc.wait()
-    done = torch.load(checkpoint, weights_only=False)["round"]
+    done = run_and_kill_after_round(tiny_overrides(**extra), run_dir, 2, env)  # in a server-only round
     assert 2 <= done < 4
     resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -10,9 +9,8 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import torch
 
-from tests.conftest import tiny_overrides
+from tests.conftest import run_and_kill_after_round, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,21 +66,7 @@ def test_sigkilled_run_resumes_to_the_same_numbers(run_tiny, tmp_path):
 
     run_dir = tmp_path / "killed"
     env = {**os.environ, "RAY_ADDRESS": ""}
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "configs/quickstart.yaml"), *overrides,
-           "--out", str(run_dir)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    checkpoint = run_dir / "checkpoints/last.pt"
-    deadline = time.time() + 240
-    while time.time() < deadline:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= 2:
-            break
-        assert proc.poll() is None, "the run ended before it could be killed"
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
-    proc.wait()
-    done = torch.load(checkpoint, weights_only=False)["round"]
-    assert done == 2
+    assert run_and_kill_after_round(overrides, run_dir, 2, env) == 2
 
     resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
                              env=env, capture_output=True, text=True, timeout=300)
