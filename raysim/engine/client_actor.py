@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import ray
@@ -77,13 +77,22 @@ class ClientRuntime:
                 "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
                 "seconds": time.perf_counter() - start}
 
-
     def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any],
-                    parts: dict[int, list[ray.ObjectRef]]):
-        """Several clients' steps, one after the other, each result yielded as soon as it is ready."""
+                    parts: dict[int, list], chunk_bytes: int) -> Iterator[list[dict[str, Any]]]:
+        """Several clients' steps in turn; their results are yielded in chunks of at least
+        `chunk_bytes` of messages (the last may be smaller). `parts`: the object references of the
+        parts addressed to each client."""
+        chunk, size = [], 0
         for client in clients:
-            mine = ray.get(parts[client]) if parts.get(client) else []
-            yield self.run_client(round_index, client, payload, *mine)
+            mine = ray.get(parts[client]) if client in parts else []
+            result = self.run_client(round_index, client, payload, *mine)
+            chunk.append(result)
+            size += result["bytes_up"]
+            if size >= chunk_bytes:
+                yield chunk
+                chunk, size = [], 0
+        if chunk:
+            yield chunk
 
 
 @ray.remote
@@ -98,8 +107,6 @@ class ClientActor:
     def info(self) -> dict[str, Any]:
         return self.runtime.info()
 
-    def run_client(self, round_index: int, client: int, payload: dict[str, Any], *parts) -> dict[str, Any]:
-        return self.runtime.run_client(round_index, client, payload, *parts)
-
-    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict):
-        yield from self.runtime.run_clients(round_index, clients, payload, parts)
+    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict,
+                    chunk_bytes: int) -> Iterator[list[dict[str, Any]]]:
+        yield from self.runtime.run_clients(round_index, clients, payload, parts, chunk_bytes)

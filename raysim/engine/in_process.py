@@ -6,6 +6,7 @@ the object store, replies fetched with ray.wait/ray.get - is the same code path 
 """
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,7 +30,10 @@ class InProcess:
             torch.set_num_threads(self._runtime.threads)
             try:
                 resolved = [ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args]  # as Ray does for actors
-                return ray.put(method(*resolved))
+                out = method(*resolved)
+                if inspect.isgenerator(out):  # a streaming method: one reference per item, all ready
+                    return [ray.put(item) for item in out]
+                return ray.put(out)
             finally:
                 torch.set_num_threads(caller_threads)
         return SimpleNamespace(remote=remote)

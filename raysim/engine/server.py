@@ -3,7 +3,7 @@
 One round (paper-agnostic):
   participants = algorithm.select_clients(state, rng(seed, round))   ([] = a server-only round)
   payload = algorithm.broadcast(state, participants)   -> each part put once in the object store
-  replies = client actors' client_update               -> consumed as they finish (ray.wait)
+  replies = client actors' client_update               -> streamed back in chunks as they finish
   state   = algorithm.server_update(state, replies sorted by client id)
   evaluate the global weights on the test split; hand the round's results to the output callbacks
   (metrics.parquet, TensorBoard, checkpoint, summary.json: raysim.outputs.callbacks).
@@ -33,6 +33,7 @@ from raysim.tensors import load_weights
 from raysim.training import evaluate, evaluate_by_group
 
 LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
+RESULT_CHUNK_BYTES = 32 * 2**20  # an actor streams its clients' results in chunks of at least this many bytes
 
 
 class ServerRuntime:
@@ -114,16 +115,7 @@ class ServerRuntime:
             delivery = Delivery(self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index)
             bytes_down = delivery.bytes_down
             t1 = time.perf_counter()
-            if os.environ.get("RAYSIM_DISPATCH") == "stream" and not config.resources.in_process:
-                fetch = self._stream_clients(round_index, sampled, delivery, results)
-            else:
-                pending = {self.actors[self.client_actor[k]].run_client.remote(round_index, k, *delivery.arguments(k)): k
-                           for k in sampled}
-                while pending:  # consume results as they finish
-                    done, _ = ray.wait(list(pending), num_returns=1)
-                    t = time.perf_counter()
-                    results[pending.pop(done[0])] = ray.get(done[0])
-                    fetch += time.perf_counter() - t
+            fetch = self._run_clients(round_index, sampled, delivery, results)
             del delivery
         t2 = time.perf_counter()
 
@@ -155,26 +147,44 @@ class ServerRuntime:
             callback.on_round_end(result)
         return result.without_pictures()
 
-    def _stream_clients(self, round_index, sampled, delivery, results) -> float:
+    def _run_clients(self, round_index: int, sampled: list[int], delivery: Delivery,
+                     results: dict[int, dict[str, Any]]) -> float:
+        """One task per actor runs its participants in turn and streams their results back in chunks
+        (RESULT_CHUNK_BYTES); returns the time spent fetching them. A task per client would pay Ray's
+        per-task round trip (the reply put in the object store, the next task's arguments resolved:
+        about 3.6 ms a client on 2 cores, measured) between clients; chunks pay it once per chunk and
+        still bound the results an actor holds. A retried task (actor restart) replays the same
+        chunks: every client's step is deterministic."""
         by_actor: dict[int, list[int]] = {}
         for k in sampled:
             by_actor.setdefault(self.client_actor[k], []).append(k)
-        live = [self.actors[a].run_clients.options(num_returns="streaming").remote(
-                    round_index, ks, delivery.shared, {k: delivery.parts[k] for k in ks if delivery.parts[k]})
-                for a, ks in by_actor.items()]
+        calls = [(self.actors[a], clients, {k: delivery.parts[k] for k in clients if delivery.parts[k]})
+                 for a, clients in by_actor.items()]
         fetch = 0.0
-        while live:
+
+        def take(chunk_ref) -> None:
+            nonlocal fetch
+            t = time.perf_counter()
+            for result in ray.get(chunk_ref):
+                results[result["client"]] = result
+            fetch += time.perf_counter() - t
+
+        if self.config.resources.in_process:  # the clients ran when called: their chunks are ready
+            for actor, clients, parts in calls:
+                for chunk_ref in actor.run_clients.remote(round_index, clients, delivery.shared, parts,
+                                                          RESULT_CHUNK_BYTES):
+                    take(chunk_ref)
+            return fetch
+        live = [actor.run_clients.options(num_returns="streaming").remote(
+                    round_index, clients, delivery.shared, parts, RESULT_CHUNK_BYTES)
+                for actor, clients, parts in calls]
+        while live:  # consume chunks as they finish, whichever actor they come from
             ready, _ = ray.wait(live, num_returns=1)
             for stream in ready:
                 try:
-                    ref = next(stream)
+                    take(next(stream))
                 except StopIteration:
                     live.remove(stream)
-                    continue
-                t = time.perf_counter()
-                result = ray.get(ref)
-                results[result["client"]] = result
-                fetch += time.perf_counter() - t
         return fetch
 
     def evaluate(self) -> dict[str, float]:
