@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+CHECKPOINT = "checkpoints/last.pt"  # the latest round's state, read by --resume
+
 
 @dataclass
 class RunStart:
@@ -128,5 +130,3 @@ class SummaryFile(Callback):
 
         write_json(self.path, summary)
 
-
-CHECKPOINT = "checkpoints/last.pt"
