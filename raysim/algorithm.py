@@ -120,6 +120,9 @@ class Context:
     test_x: torch.Tensor | None = None
     test_y: torch.Tensor | None = None
     log: ServerLog | _ClientSideLog = field(default_factory=_ClientSideLog)
+    # On the server of an algorithm with `needs_data_digest`: a hash of every client's training
+    # data (the dataset's arrays and the partition), for caches keyed by the data.
+    data_digest: str | None = None
     _scratch: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict)
 
     @property
@@ -189,6 +192,8 @@ class Algorithm:
     # True when clients may have architectures of their own (clients.models); an algorithm that
     # averages weights needs one architecture and says so before Ray starts.
     supports_client_models: ClassVar[bool] = False
+    # True when the server needs ctx.data_digest (hashing the training data costs ~0.2 s on CIFAR-10).
+    needs_data_digest: ClassVar[bool] = False
 
     @dataclass
     class Params:
@@ -197,6 +202,11 @@ class Algorithm:
     def __init__(self, params: Any, config: Config):
         self.params = params
         self.config = config
+
+    @classmethod
+    def check_config(cls, config: Config, params: Any) -> None:
+        """Checks that involve the rest of the config (rounds, clients, model), before Ray starts;
+        raise RaysimError naming the problem and the fix."""
 
     # ------------------------------------------------------------- server side
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:

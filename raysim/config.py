@@ -284,9 +284,10 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
         tree["resources"] = {**resources, "actors": None}
     config = build_dataclass(Config, tree, "")
     # Imported here: the algorithm registry imports torch, which config parsing should not need.
-    from raysim.registry import resolve_params
+    from raysim.registry import check_algorithm_config, resolve_params
     config.algorithm = resolve_params(algorithm)
     validate(config)
+    check_algorithm_config(config)
     client_architectures(config)  # a malformed clients.models fails here, before Ray starts
     return config
 

@@ -1,4 +1,4 @@
-"""Pictures of a partition, like the papers' partition figures.
+"""Pictures of a partition, like the papers' partition figures, and of a clients x classes matrix.
 
 Uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot,
 so it works headless, keeps no global figure registry and is safe in Ray
@@ -65,6 +65,27 @@ def partition_figure(
     ax.set_axisbelow(True)
     if title is None:
         title = f"Partition: {k} clients, {c} classes, {int(counts.sum())} samples"
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def matrix_figure(matrix: np.ndarray, title: str, xlabel: str, ylabel: str) -> Figure:
+    """Heat map of a (rows, columns) matrix with its values written in the cells when it is small
+    (FedHydra's stratification U_c, like the paper's Figure 5b)."""
+    matrix = np.asarray(matrix, dtype=float)
+    rows, cols = matrix.shape
+    fig = Figure(figsize=(float(np.clip(1.5 + 0.6 * cols, 5, 16)), float(np.clip(1.2 + 0.4 * rows, 3, 16))), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    image = ax.imshow(matrix, cmap="viridis", aspect="auto")
+    fig.colorbar(image, ax=ax)
+    if rows * cols <= 200:
+        for i in range(rows):
+            for j in range(cols):
+                ax.text(j, i, f"{matrix[i, j]:.2f}", ha="center", va="center", fontsize=7, color="white")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     fig.tight_layout()
     return fig

@@ -74,6 +74,15 @@ def make_algorithm(config):
     return cls(build_dataclass(cls.Params, section, "algorithm"), config)
 
 
+def check_algorithm_config(config) -> None:
+    """The algorithm's checks of the whole config (Algorithm.check_config), before Ray starts."""
+    from raysim.config import build_dataclass
+
+    section = dict(config.algorithm)
+    cls = algorithm_class(section.pop("name"))
+    cls.check_config(config, build_dataclass(cls.Params, section, "algorithm"))
+
+
 def describe_algorithms() -> list[tuple[str, str]]:
     rows = []
     for name in builtin_names():

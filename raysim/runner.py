@@ -1,6 +1,7 @@
 """One experiment from config to run directory: prepare (no Ray), then drive the rounds on Ray."""
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +17,7 @@ from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
 from raysim.partition import class_counts, partition
+from raysim.registry import algorithm_class
 from raysim.seeding import PARTITION, numpy_rng
 
 CONFIG_FILE = "config.yaml"
@@ -32,6 +34,7 @@ class Experiment:
     spec: ModelSpec
     mean: np.ndarray
     std: np.ndarray
+    data_digest: str | None = None  # for algorithms with needs_data_digest (ctx.data_digest)
 
 
 def prepare(config: Config) -> Experiment:
@@ -53,14 +56,22 @@ def prepare(config: Config) -> Experiment:
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
     mean, std = dataset.mean_std()
+    digest = data_digest(dataset, parts) if algorithm_class(config.algorithm["name"]).needs_data_digest else None
     return Experiment(config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes),
-                      spec, mean, std)
+                      spec, mean, std, digest)
+
+
+def data_digest(dataset: ArrayDataset, parts: list[np.ndarray]) -> str:
+    """A hash of exactly what the clients train on: the training arrays and each client's indices."""
+    h = hashlib.blake2b(digest_size=16)
+    for array in (dataset.train_x, dataset.train_y, *parts):
+        h.update(str(array.shape).encode())
+        h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+    return h.hexdigest()
 
 
 def check_models(spec: ModelSpec) -> None:
     """Every architecture of the run builds for this data, and the algorithm can use them: before Ray starts."""
-    from raysim.registry import algorithm_class
-
     for arch in {a.describe(): a for a in [spec.config.model, *spec.architectures]}.values():
         spec.build("cpu", arch)
     cls = algorithm_class(spec.config.algorithm["name"])
@@ -210,7 +221,7 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
         config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
         str(run_dir), actors, owner, exp.counts, exp.dataset.classes, test_domain=exp.dataset.test_domain,
-        domains=exp.dataset.domains)
+        domains=exp.dataset.domains, data_digest=exp.data_digest)
     return server, actors, refs
 
 
@@ -227,7 +238,7 @@ def _in_process(config: Config, exp: Experiment, run_dir: Path):
     server = InProcess(ServerRuntime(config, exp.spec, exp.dataset.test_x, exp.dataset.test_y, exp.mean, exp.std,
                                      str(run_dir), actors, {k: 0 for k in clients.data}, exp.counts,
                                      exp.dataset.classes, test_domain=exp.dataset.test_domain,
-                                     domains=exp.dataset.domains))
+                                     domains=exp.dataset.domains, data_digest=exp.data_digest))
     return server, actors, []
 
 

@@ -100,7 +100,7 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local:
     stats = train(model, x, y, epochs=local.epochs if epochs is None else epochs, batch_size=local.batch_size,
                   optimizer=optimizer, generator=generator, loss_fn=loss_fn, grad_hook=grad_hook)
     if keep:
-        client_state["optimizer"] = _to_cpu(optimizer.state_dict())
+        client_state["optimizer"] = to_cpu(optimizer.state_dict())
     return stats.steps, stats.mean_loss
 
 
@@ -127,13 +127,13 @@ def train_soft_labels(model: torch.nn.Module, x: torch.Tensor, label_logits: tor
                      generator=generator, loss_fn=soft_label_loss, augment=augment, split=even_batches)
 
 
-def _to_cpu(tree):
+def to_cpu(tree):
     if isinstance(tree, torch.Tensor):
         return tree.detach().cpu().clone()
     if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
+        return {k: to_cpu(v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_cpu(v) for v in tree)
+        return type(tree)(to_cpu(v) for v in tree)
     return tree
 
 

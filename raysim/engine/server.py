@@ -40,14 +40,16 @@ class ServerRuntime:
     def __init__(self, config: Config, spec: ModelSpec, test_x: np.ndarray, test_y: np.ndarray,
                  mean: np.ndarray, std: np.ndarray, run_dir: str, actors: list, client_actor: dict[int, int],
                  partition_counts: np.ndarray | None = None, class_names: list[str] | None = None,
-                 test_domain: np.ndarray | None = None, domains: list[str] | None = None):
+                 test_domain: np.ndarray | None = None, domains: list[str] | None = None,
+                 data_digest: str | None = None):
         self.config = config
         self.run_dir = Path(run_dir)
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         self.threads = configure_torch(threads, self.device, config.resources.deterministic)
-        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog())
+        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog(),
+                           data_digest=data_digest)
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor

@@ -1,0 +1,297 @@
+"""What the one-shot methods (FedAvg one-shot, OT fusion, FedDF, DENSE, Co-Boosting, FedHydra) share.
+
+**Rounds.** A global round is one client round followed by server-only rounds, one per
+distillation epoch, so the engine evaluates, checkpoints and resumes after every epoch and
+metrics.parquet holds the server model's accuracy per distillation epoch. With
+`global_rounds` = T (the paper's Table 5), `rounds` is split evenly: each global round has
+rounds / T engine rounds, the first of them the client round (rounds: 201 with T = 1 is one
+client stage and 200 distillation epochs). Methods without distillation (FedAvg one-shot, OT
+fusion) leave the server-only rounds' model unchanged.
+
+**Client stage.** Every client trains its own architecture for `local.epochs` epochs (the paper:
+200, SGD lr 0.01, batch 128) from that architecture's initial weights and uploads the model once.
+In later global rounds (T > 1) a client restarts from the server's model when it has the server's
+architecture (the paper's multi-round variant, homogeneous models); a client with an architecture
+of its own continues from its previous model (kept as client state); the paper does not say.
+The first client stage does not depend on the method, so it is cached on disk
+(`cache_client_stage`, raysim.client_cache) and reused by every method run on the same data,
+partition, models, local settings and seed; the numbers are identical with and without the cache
+(tested). A cache hit makes the client round server-only: its `bytes_up` is 0, and summary.json says
+`client_stage_cached: true`.
+
+**Reports** (the client round): each client model's own test accuracy (`own_accuracy` per client in
+metrics.parquet; `client_accuracy` and `best_client_accuracy` in summary.json) and the average-logit
+ensemble's (`ensemble_accuracy`).
+
+**Choices where the papers are silent**, all parameters: the distillation optimiser (SGD, lr 0.01,
+momentum 0.9: the paper's server setting; its state is kept across epochs), the image pool is
+cleared at each client round (new teachers label differently), `pool_size` 0 keeps every image as
+the authors' code does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from raysim import client_cache
+from raysim.algorithm import Algorithm, ClientData, Context, Reply
+from raysim.errors import RaysimError
+from raysim.seeding import SERVER, derive_seed, torch_generator
+from raysim.synthesis.datafree import add_to_pool, distill_epoch, synthesize
+from raysim.synthesis.ensemble import mean_logits
+from raysim.synthesis.generator import Generator
+from raysim.tensors import load_weights, module_weights
+from raysim.training import evaluate, local_train, to_cpu
+
+
+@dataclass
+class OneShotParams:
+    """Keys every one-shot method takes, so that one config runs all six by changing algorithm.name."""
+
+    global_rounds: int = 1           # T (Table 5): client rounds, each followed by its distillation epochs
+    cache_client_stage: bool = True  # reuse the first client stage across methods (raysim.client_cache)
+    # the generator (DENSE, Co-Boosting, FedHydra; FedDF's `generator` source)
+    nz: int = 256
+    ngf: int = 64
+    generator_steps: int = 30        # T_G: generator steps per synthesis
+    generator_lr: float = 1e-3
+    synthesis_batch: int = 256       # images per synthesis (one synthesis per distillation epoch)
+    pool_size: int = 0               # newest images kept in the pool; 0 keeps all (the authors)
+    stratify_steps: int = 20         # FedHydra's model stratification: generator steps per (client, class) ...
+    stratify_batch: int = 256        # ... and its batch (the authors' code)
+    augment: bool = True             # random crop (pad 4) + horizontal flip of synthetic images
+    # distillation into the server model
+    kd_batch: int = 256
+    kd_lr: float = 0.01
+    kd_momentum: float = 0.9
+    kd_weight_decay: float = 0.0
+
+    def validate(self) -> None:
+        for key in ("global_rounds", "nz", "ngf", "synthesis_batch", "kd_batch"):
+            if getattr(self, key) < 1:
+                raise RaysimError(f"algorithm.{key} must be >= 1, got {getattr(self, key)}")
+        for key in ("generator_steps", "pool_size"):
+            if getattr(self, key) < 0:
+                raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
+        for key in ("generator_lr", "kd_lr"):
+            if not getattr(self, key) > 0:
+                raise RaysimError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+
+
+class OneShot(Algorithm):
+    """The client stage, the round schedule and the reports; subclasses say what the server does
+    with the uploaded models (`after_client_stage`) and in each distillation epoch (`distill`)."""
+
+    supports_client_models = True
+    needs_data_digest = True
+    Params = OneShotParams
+
+    @classmethod
+    def check_config(cls, config, params) -> None:
+        if config.rounds % params.global_rounds:
+            raise RaysimError(f"rounds={config.rounds} must be a multiple of algorithm.global_rounds="
+                              f"{params.global_rounds} (each global round is one client round plus its "
+                              f"distillation epochs): e.g. rounds={params.global_rounds * (config.rounds // params.global_rounds + 1)}")
+
+    # ------------------------------------------------------------- schedule
+    def position(self, state: dict[str, Any], round_index: int) -> tuple[int, int]:
+        """(global round from 1, distillation epoch within it; 0 = the client round). Rounds added
+        by extending a finished run (--resume rounds=...) are more epochs of the last global round."""
+        per = state["rounds_per_global"]
+        g = min((round_index - 1) // per, self.params.global_rounds - 1)
+        return g + 1, round_index - 1 - g * per
+
+    # ------------------------------------------------------------- server
+    def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:
+        return {"weights": module_weights(model), "clients": {}, "num_samples": {}, "report": {},
+                "rounds_per_global": self.config.rounds // self.params.global_rounds}
+
+    def cache_key(self, ctx: Context) -> str | None:
+        if not self.params.cache_client_stage or ctx.data_digest is None:
+            return None
+        return client_cache.client_stage_key(self.config, ctx.data_digest)
+
+    def select_clients(self, state, round_index, rng, ctx) -> list[int]:
+        g, epoch = self.position(state, round_index)
+        if epoch:
+            return []
+        key = self.cache_key(ctx) if g == 1 else None
+        if key is not None and (client_cache.cache_dir() / f"{key}.pt").is_file():
+            return []
+        return list(range(self.config.clients.num))
+
+    def broadcast(self, state, round_index, participants):
+        g, _ = self.position(state, round_index)
+        return {} if g == 1 else {"weights": state["weights"]}
+
+    def server_update(self, state, replies: list[Reply], round_index: int, ctx: Context):
+        g, epoch = self.position(state, round_index)
+        if epoch:
+            return self.distill(state, round_index, epoch, ctx)
+        state = {**state, **self.collect_clients(replies, g, ctx)}
+        self._teachers = None
+        state["report"] = {**state["report"], **self.report_clients(state, ctx)}
+        return self.after_client_stage(state, round_index, ctx)
+
+    def collect_clients(self, replies: list[Reply], g: int, ctx: Context) -> dict[str, Any]:
+        key = self.cache_key(ctx) if g == 1 else None
+        if replies:
+            weights = {r.client: r.message["weights"] for r in replies}
+            sizes = {r.client: r.num_samples for r in replies}
+            if key is not None:
+                client_cache.save(key, weights, sizes)
+            return {"clients": weights, "num_samples": sizes, "client_stage_cached": False}
+        cached = client_cache.load(key) if key is not None else None
+        if cached is None:
+            raise RaysimError("the cached client stage disappeared while the run started: run it again "
+                              "(or set algorithm.cache_client_stage=false)")
+        return {"clients": cached[0], "num_samples": cached[1], "client_stage_cached": True}
+
+    def teachers(self, state: dict[str, Any], ctx: Context) -> list[torch.nn.Module]:
+        """The client models, in client order, in eval mode and without gradients."""
+        if getattr(self, "_teachers", None) is None:
+            models = []
+            for k in sorted(state["clients"]):
+                model = ctx.model(f"client{k}", ctx.spec.client_architecture(k))
+                load_weights(model, state["clients"][k])
+                models.append(model.eval().requires_grad_(False))
+            self._teachers = models
+        return self._teachers
+
+    def stacked_logits(self, teachers: list[torch.nn.Module], x: torch.Tensor) -> torch.Tensor:
+        return torch.stack([t(x) for t in teachers])
+
+    def report_clients(self, state: dict[str, Any], ctx: Context) -> dict[str, Any]:
+        teachers = self.teachers(state, ctx)
+        accuracy = {}
+        for k, teacher in zip(sorted(state["clients"]), teachers):
+            accuracy[k] = evaluate(teacher, ctx.test_x, ctx.test_y, self.config.eval.batch_size)[0]
+            ctx.log.client_value(k, "own_accuracy", accuracy[k])
+        ensemble = self.ensemble_accuracy(teachers, ctx, mean_logits)
+        ctx.log.scalar("ensemble_accuracy", ensemble)
+        return {"client_accuracy": accuracy, "best_client_accuracy": max(accuracy.values()),
+                "ensemble_accuracy": ensemble}
+
+    def ensemble_accuracy(self, teachers, ctx: Context, combine: Callable[[torch.Tensor], torch.Tensor]) -> float:
+        correct = 0
+        batch = self.config.eval.batch_size
+        with torch.no_grad():
+            for start in range(0, len(ctx.test_y), batch):
+                logits = combine(self.stacked_logits(teachers, ctx.test_x[start:start + batch]))
+                correct += int((logits.argmax(1) == ctx.test_y[start:start + batch]).sum())
+        return correct / len(ctx.test_y)
+
+    def after_client_stage(self, state: dict[str, Any], round_index: int, ctx: Context) -> dict[str, Any]:
+        """What the server does once the models are in (average, fuse, stratify); default: nothing."""
+        return state
+
+    def distill(self, state: dict[str, Any], round_index: int, epoch: int, ctx: Context) -> dict[str, Any]:
+        """One distillation epoch (a server-only round); default: the model stays as it is."""
+        return state
+
+    def summary_extras(self, state: dict[str, Any]) -> dict[str, Any]:
+        report = dict(state["report"])
+        if "client_accuracy" in report:
+            report["client_accuracy"] = {str(k): v for k, v in report["client_accuracy"].items()}
+        return {**report, "client_stage_cached": bool(state.get("client_stage_cached", False))}
+
+    # ------------------------------------------------------------- client
+    def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
+        model = ctx.model()
+        if "weights" in payload and client.arch == self.config.model:
+            load_weights(model, payload["weights"])
+        elif "weights" in client.state:
+            load_weights(model, client.state["weights"])
+        else:
+            load_weights(model, module_weights(ctx.spec.initial_model(client.arch)))
+        steps, loss = local_train(model, client.x, client.y, self.config.local, client.generator,
+                                  client_state=client.state)
+        client.metrics["train_loss"] = loss
+        client.metrics["local_steps"] = steps
+        weights = module_weights(model)
+        if self.params.global_rounds > 1 and client.arch != self.config.model:
+            client.state["weights"] = weights
+        return {"weights": weights}
+
+
+class DataFreeDistillation(OneShot):
+    """DENSE's loop (and Co-Boosting's and FedHydra's): each distillation epoch trains a fresh
+    generator against the ensemble (`generator_objective`, plus `bn_weight` times the BN-statistics
+    loss), adds its best batch to the pool, and trains the server model one pass over the pool on
+    `distillation_loss` against the ensemble (`ensemble`)."""
+
+    bn_weight_key = "bn_weight"
+
+    def after_client_stage(self, state, round_index, ctx):
+        return {**state, "pool_x": None, "pool_y": None}
+
+    # the method's pieces -------------------------------------------------
+    def ensemble(self, state: dict[str, Any], teachers: list[torch.nn.Module]) -> Callable:
+        """(model-input images, target labels) -> ensemble logits."""
+        return lambda x, y: mean_logits(self.stacked_logits(teachers, x))
+
+    def generator_objective(self, state: dict[str, Any]) -> Callable:
+        raise NotImplementedError
+
+    def distillation_loss(self, state: dict[str, Any]) -> Callable:
+        raise NotImplementedError
+
+    def before_distillation(self, state, teachers, ctx, epoch: int) -> dict[str, Any]:
+        """A hook after synthesis, before the student's pass (Co-Boosting re-weights its ensemble)."""
+        return state
+
+    def perturbation(self, state, teachers, ctx, generator: torch.Generator):
+        """A function editing each distillation batch (Co-Boosting's ODS), or None."""
+        return None
+
+    # the loop ------------------------------------------------------------
+    def to_input(self, ctx: Context) -> Callable[[torch.Tensor], torch.Tensor]:
+        mean = torch.as_tensor(ctx.mean, dtype=torch.float32, device=ctx.device).view(1, -1, 1, 1)
+        std = torch.as_tensor(ctx.std, dtype=torch.float32, device=ctx.device).view(1, -1, 1, 1)
+        return lambda pixels: (pixels - mean) / std
+
+    def generator(self, ctx: Context) -> Generator:
+        if getattr(self, "_generator", None) is None:
+            spec = ctx.spec
+            self._generator = Generator(self.params.nz, self.params.ngf, spec.image_size, spec.in_channels).to(ctx.device)
+        return self._generator
+
+    def student(self, state, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        student = ctx.model("student")
+        load_weights(student, state["weights"])
+        p = self.params
+        optimizer = torch.optim.SGD(student.parameters(), lr=p.kd_lr, momentum=p.kd_momentum,
+                                    weight_decay=p.kd_weight_decay)
+        if state.get("kd_optimizer") is not None:
+            optimizer.load_state_dict(state["kd_optimizer"])
+        return student, optimizer
+
+    def new_images(self, state, teachers, student, ctx: Context, round_index: int) -> dict[str, float]:
+        """Add one synthesis to the pool (in `state`); returns the scalars to log."""
+        p = self.params
+        result = synthesize(self.generator(ctx), teachers, self.ensemble(state, teachers), student,
+                            self.generator_objective(state), self.to_input(ctx), num_classes=ctx.num_classes,
+                            steps=p.generator_steps, batch=p.synthesis_batch, lr=p.generator_lr,
+                            bn_weight=getattr(p, self.bn_weight_key), seed=derive_seed(self.config.seed, SERVER, round_index),
+                            augment=p.augment)
+        state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
+        return {"generator_loss": result.loss, "bn_loss": result.bn_loss}
+
+    def distill(self, state, round_index, epoch, ctx):
+        state = dict(state)
+        teachers = self.teachers(state, ctx)
+        student, optimizer = self.student(state, ctx)
+        scalars = self.new_images(state, teachers, student, ctx, round_index)
+        state = self.before_distillation(state, teachers, ctx, epoch)
+        g = torch_generator(self.config.seed, SERVER, round_index, "distill")
+        stats = distill_epoch(student, optimizer, state["pool_x"], state["pool_y"], self.ensemble(state, teachers),
+                              self.distillation_loss(state), self.to_input(ctx), batch=self.params.kd_batch,
+                              generator=g, augment=self.params.augment,
+                              perturb=self.perturbation(state, teachers, ctx, g))
+        for name, value in {**scalars, "distill_loss": stats.mean_loss, "pool_images": len(state["pool_y"])}.items():
+            ctx.log.scalar(name, value)
+        state["weights"] = module_weights(student)
+        state["kd_optimizer"] = to_cpu(optimizer.state_dict())
+        return state

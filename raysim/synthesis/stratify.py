@@ -1,0 +1,56 @@
+"""FedHydra's model stratification (Algorithm 2, eq. 1-3): how well each client model knows each class.
+
+For every client k and class j, a freshly initialised generator (and its input noise, as in the
+authors' code) is trained for `steps` Adam steps to make client k alone classify its images as j
+(eq. 1: CE(F(x_hat; theta_k), j)); the loss of every step is recorded and
+u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
+towards 0, so u is large; one that never saw j stays high and flat.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from raysim.synthesis.augment import crop_flip
+from raysim.synthesis.generator import Generator, reset_generator
+
+
+def loss_variation(losses: list[float]) -> float:
+    """Eq. 2: (max - min) / min of a loss curve."""
+    low = max(min(losses), 1e-12)
+    return (max(losses) - low) / low
+
+
+def stratification_scores(teachers: list[nn.Module], num_classes: int, generator: Generator,
+                          to_input: Callable[[torch.Tensor], torch.Tensor], *, steps: int, batch: int,
+                          lr: float, seed_of: Callable[[int, int], int], augment: bool = True) -> np.ndarray:
+    """u (K x C): one fresh generator per (client, class); `seed_of(k, j)` seeds its initialisation,
+    noise and augmentation."""
+    device = next(generator.parameters()).device
+    scores = np.zeros((len(teachers), num_classes))
+    for k, teacher in enumerate(teachers):
+        teacher.eval()
+        for j in range(num_classes):
+            seed = seed_of(k, j)
+            reset_generator(generator, seed)
+            generator.train()
+            g = torch.Generator().manual_seed(seed)
+            z = torch.randn(batch, generator.nz, generator=g).to(device).requires_grad_(True)
+            optimizer = torch.optim.Adam([*generator.parameters(), z], lr=lr, betas=(0.5, 0.999))
+            target = torch.full((batch,), j, dtype=torch.long, device=device)
+            curve = []
+            for _ in range(steps):
+                pixels = generator(z)
+                if augment:
+                    pixels = crop_flip(pixels, g)
+                loss = F.cross_entropy(teacher(to_input(pixels)), target)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                curve.append(float(loss.detach()))
+            scores[k, j] = loss_variation(curve)
+    return scores
