@@ -208,6 +208,10 @@ class Algorithm:
         """Checks that involve the rest of the config (rounds, clients, model), before Ray starts;
         raise RaysimError naming the problem and the fix."""
 
+    @classmethod
+    def check_models(cls, spec: ModelSpec) -> None:
+        """Checks of the built models (they know the data's image size and channels), before Ray starts."""
+
     # ------------------------------------------------------------- server side
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:
         """The server state; must be picklable (it is checkpointed each round)."""

@@ -79,6 +79,9 @@ def report(run_dirs: list[str]) -> str:
     domains = any(s.get("final_domain_accuracy_mean") is not None for _, s, _ in runs)
     if domains:
         header.insert(5, "domain mean acc")
+    # One-shot runs: the client models' own accuracy and their ensembles' (FedHydra's Tables 3 and Fig. 7).
+    one_shot = [key for key in ONE_SHOT_COLUMNS if any(s.get(key) is not None for _, s, _ in runs)]
+    header[5:5] = [ONE_SHOT_COLUMNS[key] for key in one_shot]
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
@@ -91,9 +94,40 @@ def report(run_dirs: list[str]) -> str:
             f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
             f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
         ])
+        rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
         if domains:
             rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
+    text = table(header, rows)
+    clients = client_table(groups, differing)
+    return f"{text}\n\n{clients}" if clients else text
+
+
+ONE_SHOT_COLUMNS = {"best_client_accuracy": "best client acc", "ensemble_accuracy": "ensemble acc",
+                    "ensemble_accuracy_stratified": "SA ensemble acc"}
+MAX_CLIENT_COLUMNS = 10
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def client_table(groups: dict[str, list], differing: set[str]) -> str:
+    """Each client model's own test accuracy (one-shot runs with at most MAX_CLIENT_COLUMNS clients)."""
+    with_clients = [m for m in groups.values() if all(s.get("client_accuracy") for _, s, _ in m)]
+    if not with_clients:
+        return ""
+    ids = sorted({k for m in with_clients for _, s, _ in m for k in s["client_accuracy"]}, key=int)
+    if len(ids) > MAX_CLIENT_COLUMNS:
+        return ""
+    header = ["client models' own accuracy", *[f"client {k}" for k in ids]]
+    rows = []
+    for members in with_clients:
+        models = members[0][1].get("client_models", {})
+        arch = {str(k): name for name, ks in models.items() for k in ks}
+        rows.append([label(members[0][2], differing),
+                     *[mean_std([s["client_accuracy"].get(k) for _, s, _ in members]) + (f" ({arch[k]})" if k in arch else "")
+                       for k in ids]])
+    return table(header, rows)

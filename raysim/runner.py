@@ -79,6 +79,7 @@ def check_models(spec: ModelSpec) -> None:
         raise RaysimError(f"algorithm '{spec.config.algorithm['name']}' needs every client to have the server's "
                           "model (it combines their weights): remove clients.models or choose an algorithm "
                           "for heterogeneous models")
+    cls.check_models(spec)
 
 
 def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:

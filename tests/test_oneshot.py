@@ -1,0 +1,248 @@
+"""The one-shot family: the shared machinery (raysim.synthesis, raysim.client_cache) and the six methods
+on the embedded dataset."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raysim.config import load_config
+from raysim.errors import RaysimError
+from raysim.models import build_model
+from raysim.synthesis.augment import crop_flip
+from raysim.synthesis.ensemble import (mean_logits, normalise_over_classes, normalise_over_clients,
+                                       stratified_logits, stratified_predict, weighted_logits)
+from raysim.synthesis.generator import Generator, reset_generator
+from raysim.synthesis.losses import BNStatistics, adversarial_loss, distillation_loss, hard_sample_cross_entropy
+from raysim.synthesis.stratify import loss_variation
+from tests.conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ["fedavg_oneshot", "ot_fusion", "feddf", "dense", "coboosting", "fedhydra"]
+# 5 clients with two disjoint classes each (2c/c), the paper's 2-layer CNN, a tiny generator
+ONE_SHOT = {"algorithm.name": "fedhydra", "rounds": 3, "clients.num": 5, "clients.per_round": 5,
+            "partition.kind": "classes", "partition.classes_per_client": 2, "model.name": "cnn2",
+            "local.epochs": 2, "local.batch_size": 64, "algorithm.ngf": 8, "algorithm.nz": 32,
+            "algorithm.generator_steps": 3, "algorithm.synthesis_batch": 32, "algorithm.kd_batch": 32,
+            "algorithm.stratify_steps": 10, "algorithm.stratify_batch": 16, "resources.in_process": True}
+
+
+def run(tmp_path: Path, name: str, **overrides):
+    from raysim.runner import run_experiment
+
+    config = load_config(ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{**ONE_SHOT, **overrides}))
+    run_dir = tmp_path / name
+    return run_experiment(config, run_dir), run_dir
+
+
+def server_series(run_dir: Path, metric: str) -> list[float]:
+    return [r["value"] for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+            if r["client"] is None and r["metric"] == metric]
+
+
+# ------------------------------------------------------------------ shared machinery
+
+def test_generator_makes_images_of_the_datasets_shape_in_0_1_and_resets_deterministically():
+    g = Generator(nz=16, ngf=8, image_size=28, channels=1)
+    z = torch.randn(4, 16)
+    with torch.no_grad():
+        x = reset_generator(g, 3)(z)
+        assert x.shape == (4, 1, 28, 28) and 0 <= float(x.min()) and float(x.max()) <= 1
+        assert torch.equal(reset_generator(g, 3)(z), x) and not torch.equal(reset_generator(g, 4)(z), x)
+        assert Generator(16, 8, 32, 3)(z).shape == (4, 3, 32, 32)
+
+
+def test_crop_flip_without_shift_or_flip_is_the_identity_and_passes_gradients():
+    x = torch.rand(3, 1, 8, 8, requires_grad=True)
+    same = crop_flip(x, torch.Generator().manual_seed(0), pad=0, flip=False)
+    assert torch.allclose(same, x, atol=1e-6)
+    shifted = crop_flip(x, torch.Generator().manual_seed(0), pad=2)
+    shifted.sum().backward()
+    assert x.grad is not None and float(x.grad.abs().sum()) > 0
+
+
+def test_bn_statistics_loss_is_zero_when_the_batch_matches_the_running_statistics_and_skips_models_without_bn():
+    teacher = build_model("cnn2", in_channels=1, num_classes=10, image_size=28, width=8, depth=3,
+                          norm="batchnorm", hidden=8)
+    x = torch.randn(64, 1, 28, 28)
+    teacher.train()
+    teacher.features[1].momentum = 1.0  # running statistics := this batch's
+    teacher.features[5].momentum = 1.0
+    teacher(x)
+    teacher.eval()
+    with BNStatistics([teacher]) as bn:
+        teacher(x)
+        assert float(bn.loss()) < 1e-3
+        teacher(x * 3 + 1)
+        assert float(bn.loss()) > 1.0
+    without_bn = build_model("cnn3", in_channels=3, num_classes=10, image_size=32, width=8, depth=3,
+                             norm="batchnorm", hidden=8)
+    with BNStatistics([without_bn]) as bn:
+        without_bn(torch.randn(2, 3, 32, 32))
+        assert float(bn.loss()) == 0.0
+
+
+def test_adversarial_loss_counts_only_disagreeing_samples_when_masked():
+    student = torch.tensor([[5.0, 0.0], [0.0, 5.0]])
+    teacher = torch.tensor([[4.0, 0.0], [5.0, 0.0]])  # agree on sample 0, disagree on 1
+    kl = F.kl_div(F.log_softmax(student, 1), F.softmax(teacher, 1), reduction="none").sum(1)
+    assert torch.allclose(adversarial_loss(student, teacher, masked=True), -kl[1] / 2)
+    assert torch.allclose(adversarial_loss(student, teacher, masked=False), -kl.mean())
+    assert float(distillation_loss(teacher, teacher, 4.0)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_hard_sample_cross_entropy_weights_confident_samples_down():
+    logits = torch.tensor([[9.0, 0.0], [0.5, 0.0]])
+    y = torch.tensor([0, 0])
+    ce = F.cross_entropy(logits, y, reduction="none")
+    p = F.softmax(logits, 1)[:, 0]
+    assert torch.allclose(hard_sample_cross_entropy(logits, y, 1.0), ((1 - p) * ce).mean())
+    assert torch.allclose(hard_sample_cross_entropy(logits, y, 0.0), ce.mean())
+
+
+def test_stratified_aggregation_follows_eq_8_to_11():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 4, 5)  # (clients, samples, classes)
+    u = np.random.default_rng(0).random((3, 5)) + 0.1
+    r, c = normalise_over_clients(u), normalise_over_classes(u)
+    assert np.allclose(r.sum(0), 1) and np.allclose(c.sum(1), 1)
+    rt, ct = torch.tensor(r, dtype=torch.float32), torch.tensor(c, dtype=torch.float32)
+    y = torch.tensor([0, 4, 2, 2])
+    out = stratified_logits(logits, y, rt, ct)
+    for i in range(4):  # eq. 11 row by row: sum_k U_r[y_i, k] * (P_k(i, :) (.) U_c(:, k))
+        expected = sum(rt[k, y[i]] * logits[k, i] * ct[k] for k in range(3))
+        assert torch.allclose(out[i], expected, atol=1e-6)
+    scores = stratified_predict(logits, rt, ct)  # label-free: try every class as the target
+    for i in range(4):
+        for cls in range(5):
+            row = stratified_logits(logits[:, i:i + 1], torch.tensor([cls]), rt, ct)
+            assert torch.allclose(scores[i, cls], torch.log_softmax(row, 1)[0, cls], atol=1e-5)
+    assert torch.allclose(weighted_logits(logits, torch.ones(3)), mean_logits(logits))
+
+
+def test_loss_variation_is_eq_2():
+    assert loss_variation([2.0, 1.0, 0.5]) == pytest.approx((2.0 - 0.5) / 0.5)
+    assert loss_variation([1.0, 1.0]) == 0.0
+
+
+# ------------------------------------------------------------------ the methods
+
+def test_stratification_finds_each_clients_two_classes_and_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    summary, run_dir = run(tmp_path, "fedhydra", **{"output.tensorboard": True})
+    u = np.array(summary["stratification"])
+    assert u.shape == (5, 10) and np.allclose(u.sum(1), 1, atol=1e-4)
+    for k, row in enumerate(u):  # client k holds classes 2k and 2k + 1
+        assert sorted(np.argsort(row)[-2:].tolist()) == [2 * k, 2 * k + 1], (k, row)
+    accuracy = summary["client_accuracy"]
+    assert sorted(accuracy) == [str(k) for k in range(5)] and summary["best_client_accuracy"] > 0.15
+    assert 0 <= summary["ensemble_accuracy"] <= 1 and 0 <= summary["ensemble_accuracy_stratified"] <= 1
+    own = [r for r in pq.read_table(run_dir / "metrics.parquet").to_pylist() if r["metric"] == "own_accuracy"]
+    assert sorted(r["client"] for r in own) == list(range(5))
+    assert server_series(run_dir, "participants") == [5, 0, 0]  # then server-only distillation epochs
+    assert server_series(run_dir, "pool_images") == [32, 64]
+    assert len(server_series(run_dir, "accuracy")) == 3  # the server model after every epoch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert any("stratification" in tag for tag in events.Tags()["images"])
+
+
+def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_no_number(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    uncached, _ = run(tmp_path, "dense-uncached", **{"algorithm.name": "dense", "algorithm.cache_client_stage": False})
+    assert not list((tmp_path / "cache").glob("client_stage/*.pt"))
+    first, first_dir = run(tmp_path, "dense-fills", **{"algorithm.name": "dense"})
+    assert len(list((tmp_path / "cache").glob("client_stage/*.pt"))) == 1
+    results = {}
+    for method in METHODS:
+        summary, run_dir = run(tmp_path, method, **{"algorithm.name": method})
+        assert summary["client_stage_cached"], method
+        assert server_series(run_dir, "bytes_up")[0] == 0  # nothing uploaded: the models came from the cache
+        results[method] = summary
+    for key in ("final_accuracy", "best_accuracy", "client_accuracy", "ensemble_accuracy"):
+        assert uncached[key] == first[key] == results["dense"][key], key
+    assert not first["client_stage_cached"] and server_series(first_dir, "bytes_up")[0] > 0
+    # the client models are the same for every method
+    assert len({json.dumps(s["client_accuracy"]) for s in results.values()}) == 1
+    # FedAvg one-shot's model is the average of the clients': its first evaluation is no longer the initial model's
+    assert results["fedavg_oneshot"]["final_accuracy"] != first["final_accuracy"]
+    assert results["coboosting"]["ensemble_weights"] and len(results["coboosting"]["ensemble_weights"]) == 5
+
+
+def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
+    rows = {}
+    for actors in (1, 2):
+        _, run_dir = run(tmp_path, f"actors{actors}", **{"resources.in_process": False, "resources.actors": actors,
+                                                         "algorithm.cache_client_stage": False})
+        rows[actors] = [(r["round"], r["client"], r["metric"], r["value"])
+                        for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+                        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"]
+    assert rows[1] == rows[2]
+
+
+def test_heterogeneous_clients_and_several_global_rounds(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    summary, run_dir = run(tmp_path, "hetero", **{"clients.models": "[cnn2, lenet, mlp]", "model.name": "lenet",
+                                                  "algorithm.name": "dense"})
+    assert summary["client_models"] == {"cnn2": [0, 3], "lenet": [1, 4], "mlp(hidden=128)": [2]}
+    assert len(summary["client_accuracy"]) == 5
+    # T = 2: rounds 1 and 3 are client rounds; in the second, clients with the server's architecture restart
+    # from the distilled model (they receive it), the others from their own previous model
+    summary, run_dir = run(tmp_path, "two-rounds", **{"rounds": 4, "algorithm.global_rounds": 2,
+                                                      "algorithm.name": "dense"})
+    assert server_series(run_dir, "participants") == [5, 0, 5, 0]
+    down = server_series(run_dir, "bytes_down")
+    assert down[0] < 1000 < down[2]
+
+
+def test_one_shot_configuration_errors_are_one_clear_line():
+    base = tiny_overrides(**ONE_SHOT)
+    with pytest.raises(RaysimError, match=r"rounds=3 must be a multiple of algorithm.global_rounds=2"):
+        load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.global_rounds=2"])
+    with pytest.raises(RaysimError, match="distill_source=dataset needs"):
+        load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=feddf", "algorithm.distill_source=dataset"])
+    with pytest.raises(RaysimError, match="aggregation must be stratified or mean"):
+        load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.aggregation=median"])
+    from raysim.runner import prepare
+    config = load_config(ROOT / "configs" / "quickstart.yaml",
+                         base + ["algorithm.name=fedavg_oneshot", "clients.models=[cnn2, lenet]"])
+    with pytest.raises(RaysimError, match="needs every client to have the server's model"):
+        prepare(config)
+
+
+@pytest.mark.parametrize("method", ["coboosting", "fedhydra"])
+def test_a_resumed_run_continues_to_the_same_numbers(tmp_path, monkeypatch, method):
+    """The pool, the distillation optimiser, the ensemble weights and the stratification are
+    checkpointed: extending a finished run by two epochs equals running four at once."""
+    from raysim.runner import resume_config, run_experiment
+
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    overrides = {"algorithm.name": method, "rounds": 4}
+    _, whole = run(tmp_path, "whole", **overrides)
+    _, part = run(tmp_path, "part", **{**overrides, "rounds": 2})
+    run_experiment(resume_config(part, ["rounds=4"]), part)
+
+    def values(run_dir):  # the server's records (the cached run's clients did not train: no client rows)
+        return [(r["round"], r["client"], r["metric"], r["value"])
+                for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+                if (r["client"] is None or r["metric"] == "own_accuracy") and not r["metric"].startswith("time")
+                and r["metric"] not in ("round_time_s", "bytes_up", "bytes_down", "participants")]
+    assert values(part) == values(whole)
+
+
+def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
+    from raysim.runner import prepare
+    config = load_config(ROOT / "configs" / "quickstart.yaml",
+                         tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "model.name=resnet18",
+                                                       "model.width_multiplier=0.125"])
+    with pytest.raises(RaysimError, match="ot_fusion aligns plain chains"):
+        prepare(config)
+    with pytest.raises(RaysimError, match="algorithm.anchor=7 is not a client id"):
+        load_config(ROOT / "configs" / "quickstart.yaml",
+                    tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "algorithm.anchor=7"])
