@@ -88,6 +88,11 @@ class OneShot(Algorithm):
     needs_data_digest = True
     Params = OneShotParams
 
+    def __init__(self, params, config):
+        super().__init__(params, config)
+        self._teachers: list[torch.nn.Module] | None = None  # built from the state on first use, per client round
+        self._generator: Generator | None = None
+
     @classmethod
     def check_config(cls, config, params) -> None:
         if config.rounds % params.global_rounds:
@@ -151,7 +156,7 @@ class OneShot(Algorithm):
 
     def teachers(self, state: dict[str, Any], ctx: Context) -> list[torch.nn.Module]:
         """The client models, in client order, in eval mode and without gradients."""
-        if getattr(self, "_teachers", None) is None:
+        if self._teachers is None:
             models = []
             for k in sorted(state["clients"]):
                 model = ctx.model(f"client{k}", ctx.spec.client_architecture(k))
@@ -253,7 +258,7 @@ class DataFreeDistillation(OneShot):
         return lambda pixels: (pixels - mean) / std
 
     def generator(self, ctx: Context) -> Generator:
-        if getattr(self, "_generator", None) is None:
+        if self._generator is None:
             spec = ctx.spec
             self._generator = Generator(self.params.nz, self.params.ngf, spec.image_size, spec.in_channels).to(ctx.device)
         return self._generator
