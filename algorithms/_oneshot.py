@@ -92,6 +92,7 @@ class OneShot(Algorithm):
         super().__init__(params, config)
         self._teachers: list[torch.nn.Module] | None = None  # built from the state on first use, per client round
         self._generator: Generator | None = None
+        self._cached_clients = None  # the client stage read from the cache by select_clients, for server_update
 
     @classmethod
     def check_config(cls, config, params) -> None:
@@ -123,9 +124,8 @@ class OneShot(Algorithm):
         if epoch:
             return []
         key = self.cache_key(ctx) if g == 1 else None
-        if key is not None and (client_cache.cache_dir() / f"{key}.pt").is_file():
-            return []
-        return list(range(self.config.clients.num))
+        self._cached_clients = client_cache.load(key) if key is not None else None  # an unreadable entry is a miss
+        return [] if self._cached_clients is not None else list(range(self.config.clients.num))
 
     def broadcast(self, state, round_index, participants):
         g, _ = self.position(state, round_index)
@@ -148,11 +148,9 @@ class OneShot(Algorithm):
             if key is not None:
                 client_cache.save(key, weights, sizes)
             return {"clients": weights, "num_samples": sizes, "client_stage_cached": False}
-        cached = client_cache.load(key) if key is not None else None
-        if cached is None:
-            raise RaysimError("the cached client stage disappeared while the run started: run it again "
-                              "(or set algorithm.cache_client_stage=false)")
-        return {"clients": cached[0], "num_samples": cached[1], "client_stage_cached": True}
+        weights, sizes = self._cached_clients
+        self._cached_clients = None
+        return {"clients": weights, "num_samples": sizes, "client_stage_cached": True}
 
     def teachers(self, state: dict[str, Any], ctx: Context) -> list[torch.nn.Module]:
         """The client models, in client order, in eval mode and without gradients."""

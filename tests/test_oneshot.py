@@ -260,3 +260,16 @@ def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
     with pytest.raises(RaysimError, match="algorithm.anchor=7 is not a client id"):
         load_config(ROOT / "configs" / "quickstart.yaml",
                     tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "algorithm.anchor=7"])
+
+
+def test_an_unreadable_cache_entry_is_a_miss_and_is_rewritten(six_methods, tmp_path, monkeypatch):
+    runs, cache = six_methods
+    broken = tmp_path / "cache"
+    (broken / "client_stage").mkdir(parents=True)
+    for entry in cache.glob("client_stage/*.pt"):
+        (broken / "client_stage" / entry.name).write_bytes(entry.read_bytes()[:100])  # truncated
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(broken))
+    summary, run_dir = run(tmp_path, "dense-again", **{"algorithm.name": "dense"})
+    assert not summary["client_stage_cached"] and server_series(run_dir, "participants")[0] == 5
+    assert summary["final_accuracy"] == runs["dense"][0]["final_accuracy"]
+    assert run(tmp_path, "dense-third", **{"algorithm.name": "dense"})[0]["client_stage_cached"]
