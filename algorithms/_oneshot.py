@@ -225,8 +225,6 @@ class DataFreeDistillation(OneShot):
     loss), adds its best batch to the pool, and trains the server model one pass over the pool on
     `distillation_loss` against the ensemble (`ensemble`)."""
 
-    bn_weight_key = "bn_weight"
-
     def after_client_stage(self, state, round_index, ctx):
         return {**state, "pool_x": None, "pool_y": None}
 
@@ -237,6 +235,10 @@ class DataFreeDistillation(OneShot):
 
     def generator_objective(self, state: dict[str, Any]) -> Callable:
         raise NotImplementedError
+
+    def bn_weight(self) -> float:
+        """The weight of the BN-statistics loss in the generator's objective."""
+        return self.params.bn_weight
 
     def distillation_loss(self, state: dict[str, Any]) -> Callable:
         raise NotImplementedError
@@ -277,7 +279,7 @@ class DataFreeDistillation(OneShot):
         result = synthesize(self.generator(ctx), teachers, self.ensemble(state, teachers), student,
                             self.generator_objective(state), self.to_input(ctx), num_classes=ctx.num_classes,
                             steps=p.generator_steps, batch=p.synthesis_batch, lr=p.generator_lr,
-                            bn_weight=getattr(p, self.bn_weight_key), seed=derive_seed(self.config.seed, SERVER, round_index),
+                            bn_weight=self.bn_weight(), seed=derive_seed(self.config.seed, SERVER, round_index),
                             augment=p.augment)
         state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
         return {"generator_loss": result.loss, "bn_loss": result.bn_loss}

@@ -38,7 +38,6 @@ class FedHydra(DataFreeDistillation):
     name = "fedhydra"
     summary = "FedHydra: one-shot, model stratification + stratified aggregation guide synthesis and distillation"
     supports_client_models = True
-    bn_weight_key = "lambda1"
 
     @dataclass
     class Params(OneShotParams):
@@ -77,6 +76,9 @@ class FedHydra(DataFreeDistillation):
                   "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
                   "stratification_clients": clients}
         return {**state, "u": u, "over_clients": over_clients, "over_classes": over_classes, "report": report}
+
+    def bn_weight(self) -> float:
+        return self.params.lambda1  # eq. 16
 
     def ensemble(self, state, teachers):
         if self.params.aggregation == "mean":

@@ -250,8 +250,8 @@ def overhead(opts: dict) -> None:
         for repeat in range(int(opts["repeats"])):
             engine, peak = engine_rounds(config, experiment)
             plain, plain_acc, plain_per_client = plain_rounds(config, experiment)
-            engine_steady.append(float(np.mean(engine.times[1:] or engine.times)))
-            plain_steady.append(float(np.mean(plain[1:] or plain)))
+            engine_steady.append(steady(engine.times))
+            plain_steady.append(steady(plain))
             engine_cost.append(steady(engine.per_client_cost))
             engine_busiest.append(steady(engine.beyond_busiest))
             plain_cost.append(steady([mean for mean, _ in plain_per_client]))

@@ -22,23 +22,20 @@ import numpy as np
 import torch
 
 from raysim.config import Config, client_architectures
+from raysim.data.cache import cache_root
 
 FORMAT_VERSION = 1
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RAYSIM_CACHE_DIR") or os.path.join("~", ".cache", "raysim")
-    return Path(base).expanduser() / "client_stage"
+    return cache_root() / "client_stage"
 
 
-def client_stage_key(config: Config, data_digest: str, local_epochs: int | None = None) -> str:
-    local = asdict(config.local)
-    if local_epochs is not None:
-        local["epochs"] = local_epochs
+def client_stage_key(config: Config, data_digest: str) -> str:
     described = {
         "version": FORMAT_VERSION, "data": data_digest, "seed": config.seed,
         "architectures": [asdict(a) for a in client_architectures(config)],
-        "local": local, "torch": torch.__version__, "gpu": config.resources.gpus_per_actor > 0,
+        "local": asdict(config.local), "torch": torch.__version__, "gpu": config.resources.gpus_per_actor > 0,
         "deterministic": config.resources.deterministic,
     }
     return hashlib.blake2b(json.dumps(described, sort_keys=True).encode(), digest_size=16).hexdigest()

@@ -66,21 +66,24 @@ def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **asdict(params)}
 
 
-def make_algorithm(config):
+def class_and_params(config) -> tuple[type, Any]:
+    """The config's algorithm class and its Params built from `algorithm:`."""
     from raysim.config import build_dataclass
 
     section = dict(config.algorithm)
     cls = algorithm_class(section.pop("name"))
-    return cls(build_dataclass(cls.Params, section, "algorithm"), config)
+    return cls, build_dataclass(cls.Params, section, "algorithm")
+
+
+def make_algorithm(config):
+    cls, params = class_and_params(config)
+    return cls(params, config)
 
 
 def check_algorithm_config(config) -> None:
     """The algorithm's checks of the whole config (Algorithm.check_config), before Ray starts."""
-    from raysim.config import build_dataclass
-
-    section = dict(config.algorithm)
-    cls = algorithm_class(section.pop("name"))
-    cls.check_config(config, build_dataclass(cls.Params, section, "algorithm"))
+    cls, params = class_and_params(config)
+    cls.check_config(config, params)
 
 
 def describe_algorithms() -> list[tuple[str, str]]:

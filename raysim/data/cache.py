@@ -35,9 +35,13 @@ log = logging.getLogger("raysim.data")
 _MEMO: dict[tuple, ArrayDataset] = {}
 
 
+def cache_root() -> Path:
+    """raysim's disk caches: $RAYSIM_CACHE_DIR, default ~/.cache/raysim."""
+    return Path(os.environ.get("RAYSIM_CACHE_DIR") or os.path.join("~", ".cache", "raysim")).expanduser()
+
+
 def cache_dir() -> Path:
-    base = os.environ.get("RAYSIM_CACHE_DIR") or os.path.join("~", ".cache", "raysim")
-    return Path(base).expanduser() / "datasets"
+    return cache_root() / "datasets"
 
 
 def fingerprint(name: str, source: Source, image_size: int | None) -> str:
