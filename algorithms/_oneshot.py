@@ -43,7 +43,7 @@ from raysim.synthesis.datafree import add_to_pool, distill_epoch, synthesize
 from raysim.synthesis.ensemble import mean_logits
 from raysim.synthesis.generator import Generator
 from raysim.tensors import load_weights, module_weights
-from raysim.training import evaluate, local_train, to_cpu
+from raysim.training import local_train, to_cpu
 
 
 @dataclass
@@ -91,6 +91,7 @@ class OneShot(Algorithm):
     def __init__(self, params, config):
         super().__init__(params, config)
         self._teachers: list[torch.nn.Module] | None = None  # built from the state on first use, per client round
+        self._test_logits: torch.Tensor | None = None  # the teachers' test-set logits, likewise
         self._generator: Generator | None = None
         self._cached_clients = None  # the client stage read from the cache by select_clients, for server_update
 
@@ -136,7 +137,7 @@ class OneShot(Algorithm):
         if epoch:
             return self.distill(state, round_index, epoch, ctx)
         state = {**state, **self.collect_clients(replies, g, ctx)}
-        self._teachers = None
+        self._teachers = self._test_logits = None
         state["report"] = {**state["report"], **self.report_clients(state, ctx)}
         return self.after_client_stage(state, round_index, ctx)
 
@@ -166,24 +167,32 @@ class OneShot(Algorithm):
     def stacked_logits(self, teachers: list[torch.nn.Module], x: torch.Tensor) -> torch.Tensor:
         return torch.stack([t(x) for t in teachers])
 
+    def test_logits(self, teachers: list[torch.nn.Module], ctx: Context) -> torch.Tensor:
+        """(K, test images, classes): every teacher's test-set logits, computed once per client round
+        for the client, ensemble and stratified accuracies (K forward passes, not one per report)."""
+        if self._test_logits is None:
+            batch = self.config.eval.batch_size
+            with torch.no_grad():
+                self._test_logits = torch.cat([self.stacked_logits(teachers, ctx.test_x[start:start + batch])
+                                               for start in range(0, len(ctx.test_y), batch)], dim=1)
+        return self._test_logits
+
     def report_clients(self, state: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        teachers = self.teachers(state, ctx)
+        logits = self.test_logits(self.teachers(state, ctx), ctx)
         accuracy = {}
-        for k, teacher in zip(sorted(state["clients"]), teachers):
-            accuracy[k] = evaluate(teacher, ctx.test_x, ctx.test_y, self.config.eval.batch_size)[0]
+        for k, own in zip(sorted(state["clients"]), logits):
+            accuracy[k] = int((own.argmax(1) == ctx.test_y).sum()) / len(ctx.test_y)
             ctx.log.client_value(k, "own_accuracy", accuracy[k])
-        ensemble = self.ensemble_accuracy(teachers, ctx, mean_logits)
+        ensemble = self.ensemble_accuracy(self.teachers(state, ctx), ctx, mean_logits)
         ctx.log.scalar("ensemble_accuracy", ensemble)
         return {"client_accuracy": accuracy, "best_client_accuracy": max(accuracy.values()),
                 "ensemble_accuracy": ensemble}
 
     def ensemble_accuracy(self, teachers, ctx: Context, combine: Callable[[torch.Tensor], torch.Tensor]) -> float:
-        correct = 0
+        logits = self.test_logits(teachers, ctx)
         batch = self.config.eval.batch_size
-        with torch.no_grad():
-            for start in range(0, len(ctx.test_y), batch):
-                logits = combine(self.stacked_logits(teachers, ctx.test_x[start:start + batch]))
-                correct += int((logits.argmax(1) == ctx.test_y[start:start + batch]).sum())
+        correct = sum(int((combine(logits[:, start:start + batch]).argmax(1) == ctx.test_y[start:start + batch]).sum())
+                      for start in range(0, len(ctx.test_y), batch))
         return correct / len(ctx.test_y)
 
     def after_client_stage(self, state: dict[str, Any], round_index: int, ctx: Context) -> dict[str, Any]:
