@@ -114,6 +114,8 @@ class ResourcesConfig:
 class EvalConfig:
     every: int = 1
     batch_size: int = 1000
+    # Test accuracies in (0, 1]: summary.json's rounds_to_accuracy gives the first round reaching each.
+    targets: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -354,6 +356,9 @@ def validate(config: Config) -> None:
     need(config.local.optimizer in ("sgd", "adam"),
          f"local.optimizer must be sgd or adam, got '{config.local.optimizer}'")
     need(config.eval.every >= 1, "eval.every must be >= 1")
+    bad = [t for t in config.eval.targets if not 0 < t <= 1]
+    need(not bad, f"eval.targets must be test accuracies in (0, 1], got {bad}: write fractions, "
+                  "e.g. eval.targets=[0.8,0.86] for 80% and 86%")
     need(config.output.checkpoint_every >= 1, "output.checkpoint_every must be >= 1")
 
 

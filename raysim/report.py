@@ -18,10 +18,17 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return json.loads(summary_path.read_text()), yaml.safe_load(config_path.read_text())
 
 
-def experiment_key(config: dict[str, Any]) -> str:
-    """The config without the seed and the resources: runs differing only there are repeats."""
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without what leaves the numbers alone (seed, resources, output, eval.targets):
+    runs differing only there are repeats."""
     config = {k: v for k, v in config.items() if k not in ("seed", "resources", "output")}
-    return json.dumps(config, sort_keys=True)
+    if isinstance(config.get("eval"), dict):
+        config["eval"] = {k: v for k, v in config["eval"].items() if k != "targets"}
+    return config
+
+
+def experiment_key(config: dict[str, Any]) -> str:
+    return json.dumps(experiment_settings(config), sort_keys=True)
 
 
 def label(config: dict[str, Any], differing: set[str]) -> str:
@@ -35,7 +42,7 @@ def label(config: dict[str, Any], differing: set[str]) -> str:
 def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
     """Settings that tell the rows apart. An algorithm's own parameters count only between runs of
     that algorithm: FedDM's rho does not label it against FedAvg, which has none."""
-    flats = [flatten({k: v for k, v in c.items() if k not in ("seed", "resources", "output")}) for c in configs]
+    flats = [flatten(experiment_settings(c)) for c in configs]
 
     def differ(group: list[dict[str, Any]], keys: set[str]) -> set[str]:
         return {k for k in keys if len({json.dumps(f.get(k)) for f in group}) > 1}
@@ -68,6 +75,23 @@ def mean_std(values: list[float | None]) -> str:
     return f"{np.mean(values):.4f} +- {np.std(values, ddof=1):.4f}"
 
 
+def rounds_to(summaries: list[dict[str, Any]], target: str) -> str:
+    """A `rounds@target` cell: the mean (+- std) over seeds of the first round reaching `target`.
+    When a seed never reached it there is no mean: `>R` says it took more than the R rounds it ran
+    (the fewest such R), with how many seeds did reach it when some did (`>50 (2/3)`).
+    `-`: no run here asked for this target (eval.targets)."""
+    asked = [s for s in summaries if target in (s.get("rounds_to_accuracy") or {})]
+    reached = [s["rounds_to_accuracy"][target] for s in asked if s["rounds_to_accuracy"][target] is not None]
+    if not asked:
+        return "-"
+    if len(reached) < len(asked):
+        never = min(s["rounds"] for s in asked if s["rounds_to_accuracy"][target] is None)
+        return f">{never}" + (f" ({len(reached)}/{len(asked)})" if reached else "")
+    if len(reached) == 1:
+        return str(reached[0])
+    return f"{np.mean(reached):.1f} +- {np.std(reached, ddof=1):.1f}"
+
+
 def report(run_dirs: list[str]) -> str:
     runs = [(Path(d), *read_run(Path(d))) for d in run_dirs]
     groups: dict[str, list] = {}
@@ -82,6 +106,8 @@ def report(run_dirs: list[str]) -> str:
     # One-shot runs: the client models' own accuracy and their ensembles' (FedHydra's Tables 3 and Fig. 7).
     one_shot = [key for key in ONE_SHOT_COLUMNS if any(s.get(key) is not None for _, s, _ in runs)]
     header[5:5] = [ONE_SHOT_COLUMNS[key] for key in one_shot]
+    targets = sorted({t for _, s, _ in runs for t in s.get("rounds_to_accuracy") or {}}, key=float)
+    header += [f"rounds@{t}" for t in targets]
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
@@ -93,10 +119,12 @@ def report(run_dirs: list[str]) -> str:
             f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
             f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
             f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
+            *[rounds_to(summaries, t) for t in targets],
         ])
-        rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
+        # The header's order: the one-shot columns were inserted at 5 after the domain column.
         if domains:
             rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
+        rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text

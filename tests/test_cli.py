@@ -1,6 +1,7 @@
 """The command line: bad input gets one line and exit code 2; the listing commands work."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ def raysim(*args, cwd=None):
     ([QUICK, "local.epocs=3"], "unknown config key 'local.epocs'"),
     ([QUICK, "algorithm.mu=0.1"], "unknown config key 'algorithm.mu'"),
     ([QUICK, "rounds=many"], "must be an integer"),
+    ([QUICK, "eval.targets=[0.8,80]"], "eval.targets must be test accuracies in (0, 1], got [80]"),
     (["MALFORMED"], "not valid YAML"),
     (["/no/such/config.yaml"], "does not exist"),
 ])
@@ -83,34 +85,59 @@ def test_report_folds_seeds(run_tiny, tmp_path):
     assert result.stdout.splitlines()[2].split()[2] == "2"  # one row: 2 seeds
 
 
-def test_report_compares_algorithms_with_different_parameters(tmp_path):
-    """FedAvg beside FedDM and FedAF (each with its own algorithm.* keys), FedDM at two settings."""
+def fake_run(run: Path, algorithm: dict, seed: int, best: float, config: dict = (), **summary) -> str:
+    """A run directory with only config.yaml and summary.json, for `raysim report`."""
     import json
 
     import yaml
 
+    run.mkdir()
+    config = {"seed": seed, "rounds": 10, "dataset": {"name": "cifar10"}, "algorithm": algorithm, **dict(config)}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "summary.json").write_text(json.dumps({
+        "final_accuracy": best, "best_accuracy": best, "rounds": 10, "bytes_up": 1e6, "bytes_down": 1e6,
+        "wall_time_s": 60.0, **summary}))
+    return str(run)
+
+
+def test_report_compares_algorithms_with_different_parameters(tmp_path):
+    """FedAvg beside FedDM and FedAF (each with its own algorithm.* keys), FedDM at two settings."""
     from raysim.report import report
 
-    def fake_run(name: str, algorithm: dict, seed: int, best: float) -> str:
-        run = tmp_path / name
-        run.mkdir()
-        config = {"seed": seed, "rounds": 10, "dataset": {"name": "cifar10"}, "algorithm": algorithm}
-        (run / "config.yaml").write_text(yaml.safe_dump(config))
-        (run / "summary.json").write_text(json.dumps({
-            "final_accuracy": best, "best_accuracy": best, "rounds": 10, "bytes_up": 1e6, "bytes_down": 1e6,
-            "wall_time_s": 60.0}))
-        return str(run)
-
-    runs = [fake_run("avg", {"name": "fedavg"}, 0, 0.40),
-            fake_run("dm10", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 0, 0.39),
-            fake_run("dm10b", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 1, 0.41),
-            fake_run("dm2", {"name": "feddm", "rho": 5.0, "init_average_of": 2}, 0, 0.51),
-            fake_run("af", {"name": "fedaf", "gamma": 0.5}, 0, 0.48)]
+    runs = [fake_run(tmp_path / "avg", {"name": "fedavg"}, 0, 0.40),
+            fake_run(tmp_path / "dm10", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 0, 0.39),
+            fake_run(tmp_path / "dm10b", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 1, 0.41),
+            fake_run(tmp_path / "dm2", {"name": "feddm", "rho": 5.0, "init_average_of": 2}, 0, 0.51),
+            fake_run(tmp_path / "af", {"name": "fedaf", "gamma": 0.5}, 0, 0.48)]
     rows = report(runs).splitlines()[2:]
     assert [r.split("  ")[0] for r in rows] == [
         "fedavg cifar10", "feddm cifar10 algorithm.init_average_of=10", "feddm cifar10 algorithm.init_average_of=2",
         "fedaf cifar10"]
     assert "0.4000 +- 0.0141" in rows[1]  # two seeds folded
+
+
+def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_reached_it(tmp_path):
+    from raysim.report import report
+
+    def run(name, algorithm, seed, reached, targets=(0.5, 0.6)):
+        return fake_run(tmp_path / name, {"name": algorithm}, seed, 0.6, {"eval": {"targets": list(targets)}},
+                        rounds_to_accuracy=reached)
+
+    runs = [run("avg0", "fedavg", 0, {"0.5": 4, "0.6": None}),
+            run("avg1", "fedavg", 1, {"0.5": 6, "0.6": 9}, targets=[0.6, 0.5]),
+            run("prox0", "fedprox", 0, {"0.5": 3, "0.6": None}),
+            run("prox1", "fedprox", 1, {"0.5": None, "0.6": None}),
+            run("dm0", "feddm", 0, {"0.5": 2}, targets=[0.5])]
+    text = report(runs)
+    header, _, *rows = text.splitlines()
+    assert header.split()[-2:] == ["rounds@0.5", "rounds@0.6"]
+    cells = {r.split()[0]: re.split(r"\s{2,}", r)[-2:] for r in rows}  # cells are 2+ spaces apart
+    assert cells["fedavg"] == ["5.0 +- 1.4", ">10 (1/2)"]
+    assert cells["fedprox"] == [">10 (1/2)", ">10"]
+    assert cells["feddm"] == ["2", "-"]  # never asked for 0.6
+    # eval.targets only reads the history: runs differing there are seeds of one experiment (fedavg's
+    # two rows fold), and it labels no row
+    assert "eval.targets" not in text and [r.split()[2] for r in rows] == ["2", "2", "1"]
 
 
 def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -13,6 +14,7 @@ def server_metric(run_dir, metric):
     return [(r["round"], r["value"]) for r in table if r["client"] is None and r["metric"] == metric]
 
 
+ROOT = Path(__file__).resolve().parents[1]
 ACTORS = {"resources.in_process": False}
 
 
@@ -80,6 +82,29 @@ def test_summary_reports_the_mean_of_the_last_five_evaluations(run_tiny):
     from raysim.report import report
     table = report([str(run_dir)])
     assert "last-5 acc" in table and f"{summary['last5_accuracy']:.4f}" in table
+
+
+def test_rounds_to_accuracy_is_the_first_evaluated_round_reaching_each_target():
+    from raysim.engine.server import rounds_to_accuracy
+
+    history = [(2, 0.5), (4, 0.8), (6, 0.79), (8, 0.9)]  # eval.every=2
+    assert rounds_to_accuracy(history, [0.8, 0.86, 0.95, 0.5, 1]) == {
+        "0.8": 4, "0.86": 8, "0.95": None, "0.5": 2, "1.0": None}
+    assert rounds_to_accuracy([], [0.5]) == {"0.5": None}
+
+
+def test_rounds_to_accuracy_counts_the_rounds_before_a_resume(ray_session, tmp_path):
+    """eval.targets: summary.json's rounds_to_accuracy covers every round of a run extended by --resume."""
+    from raysim.config import load_config
+    from raysim.runner import resume_config, run_experiment
+    from tests.conftest import tiny_overrides
+
+    overrides = tiny_overrides(**{"resources.in_process": True, "rounds": 1, "eval.targets": "[0.01,1]"})
+    first = run_experiment(load_config(ROOT / "configs/quickstart.yaml", overrides), tmp_path)
+    assert first["rounds_to_accuracy"] == {"0.01": 1, "1.0": None}
+    resumed = run_experiment(resume_config(tmp_path, ["rounds=2"]), tmp_path)
+    assert resumed["rounds"] == 2 and resumed["rounds_to_accuracy"] == {"0.01": 1, "1.0": None}  # round 1 kept
+    assert json.loads((tmp_path / "summary.json").read_text())["rounds_to_accuracy"] == resumed["rounds_to_accuracy"]
 
 
 def test_clients_can_keep_their_optimiser_state_between_rounds(run_tiny):

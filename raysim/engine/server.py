@@ -36,6 +36,13 @@ LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
 RESULT_CHUNK_BYTES = 32 * 2**20  # an actor streams its clients' results in chunks of at least this many bytes
 
 
+def rounds_to_accuracy(accuracy: list[tuple[int, float]], targets: list[float]) -> dict[str, int | None]:
+    """summary.json's rounds_to_accuracy: for each target ("0.8"), the first round whose test accuracy
+    reaches it (rounds as metrics.parquet numbers them; with eval.every > 1, the first evaluated one),
+    None if none did. `accuracy` is the run's (round, accuracy) history, in round order."""
+    return {str(float(t)): next((r for r, a in accuracy if a >= t), None) for t in targets}
+
+
 class ServerRuntime:
     def __init__(self, config: Config, spec: ModelSpec, test_x: np.ndarray, test_y: np.ndarray,
                  mean: np.ndarray, std: np.ndarray, run_dir: str, actors: list, client_actor: dict[int, int],
@@ -223,6 +230,8 @@ class ServerRuntime:
             "best_accuracy": best, "best_round": best_round,
             # DynaFed's reported metric: the mean test accuracy of the last LAST_EVALUATIONS evaluations
             "last5_accuracy": float(np.mean([v for _, v in accuracy[-LAST_EVALUATIONS:]])) if accuracy else None,
+            **({"rounds_to_accuracy": rounds_to_accuracy(accuracy, self.config.eval.targets)}
+               if self.config.eval.targets else {}),
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
