@@ -104,6 +104,8 @@ LEARNS_WITH = {
     "fedaf": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05},
     "feddm": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05},
     "dynafed": DYNAFED,
+    "dcfl": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05,
+             "algorithm.pretrain_fraction": 0.5},
 }
 # The one-shot methods (one client round, then distillation epochs) on near-IID clients, whose
 # ensemble is a good teacher: at alpha 0.1 a 6-client ensemble of this tiny net is not.
