@@ -68,6 +68,8 @@ BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
 class DCFLParams(CondensationParams):
     ipc: int = 10
     image_momentum: float = 0.5      # DM's
+    server_epochs: int = 200         # pre-training ServerUpdate (the paper gives no settings)
+    server_lr: float = 0.01
     base: str = "fedavg"
     mu: float | None = None          # FedProx
     a: float | None = None           # FedDisco
