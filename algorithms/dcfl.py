@@ -160,6 +160,12 @@ class DCFL(Algorithm):
             raise RaysimError(f"rounds={config.rounds} leaves no training round after "
                               f"algorithm.pretrain_rounds={params.pretrain_rounds}: raise rounds or lower it")
 
+    @classmethod
+    def check_models(cls, spec) -> None:
+        if not isinstance(getattr(spec.build(), "classifier", None), torch.nn.Linear):
+            raise RaysimError(f"dcfl compares clients by their classifier weights, and model '{spec.config.model.name}' "
+                              "has no final linear layer named `classifier`: expose it as model.classifier")
+
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
         k = self.config.clients.num
