@@ -21,7 +21,7 @@ import torch
 from raysim.algorithm import Algorithm, ClientData, Context, Reply
 from raysim.condense.augment import DSA
 from raysim.condense.matching import ClassMeans, class_means, distribution_distance, real_batch_indices
-from raysim.condense.synthetic import dequantize, init_synthetic, quantize, to_pixels, train_on_synthetic
+from raysim.condense.synthetic import as_images, init_synthetic, quantize, set_labels, to_pixels, train_on_synthetic
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
@@ -153,11 +153,9 @@ class CondensedDataAlgorithm(Algorithm):
         """The union of all condensed sets as normalised images and labels, in client order."""
         xs, ys = [], []
         for reply in replies:
-            images, classes = reply.message["images"], reply.message["classes"]
-            x = (dequantize(images, ctx.mean, ctx.std, ctx.device) if images.dtype == np.uint8
-                 else torch.from_numpy(np.array(images)).to(ctx.device))
+            x = as_images(reply.message["images"], ctx.mean, ctx.std, ctx.device)
             xs.append(x)
-            ys.append(torch.from_numpy(np.repeat(classes, len(x) // len(classes))).to(ctx.device))
+            ys.append(torch.from_numpy(set_labels(reply.message["classes"], len(x))).to(ctx.device))
         return torch.cat(xs), torch.cat(ys)
 
     def server_update(self, state, replies, round_index, ctx):

@@ -52,7 +52,7 @@ from algorithms._condensed import CondensationParams, CondensedDataAlgorithm, fr
 from raysim.algorithm import Algorithm, Broadcast, ClientData, Context, Reply
 from raysim.condense.augment import DSA
 from raysim.condense.models import resample_model
-from raysim.condense.synthetic import dequantize, train_on_synthetic
+from raysim.condense.synthetic import as_images, set_labels, train_on_synthetic
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
 from raysim.seeding import SERVER, torch_generator
@@ -326,12 +326,8 @@ class DCFL(Algorithm):
         own = client.state.get("condensed")
         if own is not None and self.params.use_condensed == "finetune":
             xs.append(to_images(own["images"], ctx))
-            ys.append(torch.as_tensor(np.repeat(own["classes"], len(own["images"]) // len(own["classes"])),
-                                      device=ctx.device))
+            ys.append(torch.as_tensor(set_labels(own["classes"], len(own["images"])), device=ctx.device))
         return torch.cat(xs), torch.cat(ys)
-
-    def global_weights(self, state):
-        return state["weights"]
 
     def summary_extras(self, state):
         return {"clients_seen": len(state["seen"])}
@@ -340,13 +336,9 @@ class DCFL(Algorithm):
 def pool_arrays(pool: dict[int, dict[str, np.ndarray]], clients: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """The condensed sets of `clients` (in that order) as one array of images and one of labels."""
     images = [pool[k]["images"] for k in clients]
-    labels = [np.repeat(pool[k]["classes"], len(x) // len(pool[k]["classes"])) for k, x in zip(clients, images)]
-    return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+    labels = [set_labels(pool[k]["classes"], len(x)) for k, x in zip(clients, images)]
+    return np.concatenate(images), np.concatenate(labels)
 
 
 def to_images(images: np.ndarray, ctx: Context) -> torch.Tensor:
-    """Condensed images as normalised float tensors, whether they travelled as uint8 or float32."""
-    images = np.asarray(images)
-    if images.dtype == np.uint8:
-        return dequantize(images, ctx.mean, ctx.std, ctx.device)
-    return torch.from_numpy(np.array(images)).to(ctx.device)
+    return as_images(images, ctx.mean, ctx.std, ctx.device)

@@ -57,6 +57,19 @@ def dequantize(pixels: np.ndarray, mean: np.ndarray, std: np.ndarray, device: to
     return (x - m) / s
 
 
+def as_images(images: np.ndarray, mean: np.ndarray, std: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Condensed images as they travelled (uint8 pixels or float32 normalised) -> normalised tensors."""
+    images = np.asarray(images)
+    if images.dtype == np.uint8:
+        return dequantize(images, mean, std, device)
+    return torch.from_numpy(np.array(images)).to(device)
+
+
+def set_labels(classes: np.ndarray, count: int) -> np.ndarray:
+    """The labels of a condensed set of `count` images stored class by class, equally many each."""
+    return np.repeat(np.asarray(classes), count // len(classes)).astype(np.int64)
+
+
 def to_pixels(images: torch.Tensor | np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
     """Images as float [0, 1] (N, C, H, W) for pictures, whatever form they travel in."""
     if isinstance(images, np.ndarray) and images.dtype == np.uint8:
