@@ -12,8 +12,18 @@ EXIT_USER_ERROR = 2
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from raysim.outputs.run_lock import release_all
+
+    try:
+        return _run(args)
+    finally:
+        release_all()  # the run directory's lock (the process may go on: tests, notebooks)
+
+
+def _run(args: argparse.Namespace) -> int:
     from raysim.config import load_config
-    from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
+    from raysim.outputs.run_lock import lock_run_dir
+    from raysim.runner import completed_rounds, discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
     if args.resume:
         if args.config and "=" not in args.config:
@@ -21,12 +31,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
         overrides = ([args.config] if args.config else []) + args.overrides
         run_dir = Path(args.resume)
         config = resume_config(run_dir, overrides)
+        lock_run_dir(run_dir)  # a run that is still going on keeps its directory
+        done = completed_rounds(run_dir)  # an unreadable checkpoint is refused here, before Ray starts
+        if done >= config.rounds:
+            print(f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
+                  f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')")
+            return 0
         experiment = None
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] "
                               "(try configs/quickstart.yaml)")
-        config = load_config(args.config, args.overrides)
+        from raysim.shipped_configs import resolve
+        config = load_config(resolve(args.config), args.overrides)
         from raysim.runner import prepare
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
         run_dir = new_run_dir(config, args.out)
@@ -42,6 +59,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from ray.exceptions import RayError
+        full = disk_full(exc)
+        if full is not None:
+            raise RaysimError(f"no space left on device ({full}): finished rounds are kept; free some space "
+                              f"(or move the run directory to a larger disk) and continue with "
+                              f"'raysim run --resume {run_dir}'") from None
         if not isinstance(exc, RayError):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -50,12 +72,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def disk_full(exc: BaseException) -> str | None:
+    """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc.filename or "writing the run's files"
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None
+
+
 def _cmd_partition(args: argparse.Namespace) -> int:
     from raysim.config import load_config
     from raysim.partition import format_counts
     from raysim.runner import prepare
+    from raysim.shipped_configs import resolve
 
-    config = load_config(args.config, args.overrides)
+    config = load_config(resolve(args.config), args.overrides)
     exp = prepare(config)
     print(f"{config.dataset.name}: {len(exp.dataset.train_y)} training samples, {config.clients.num} clients, "
           f"partition {config.partition.kind}"
@@ -71,9 +107,16 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from raysim.report import report
+    from raysim.report import check_plot_path, plot_report, report
 
-    print(report(args.runs))
+    if args.plot:
+        check_plot_path(args.plot)
+    text = report(args.runs)
+    if args.plot:  # before printing: bad input gives only its error line
+        plot_report(args.runs, args.plot)
+    print(text)
+    if args.plot:
+        print(f"plot written to {args.plot}")
     return 0
 
 
@@ -115,7 +158,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if (out / "sweep.yaml").exists():
         raise RaysimError(f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' "
                           "or choose another --out")
-    run_sweep(load_sweep(args.sweep, args.overrides), out, args.address)
+    from raysim.shipped_configs import resolve
+    run_sweep(load_sweep(resolve(args.sweep), args.overrides), out, args.address)
+    return 0
+
+
+def _cmd_configs(args: argparse.Namespace) -> int:
+    from raysim.shipped_configs import list_configs
+
+    rows = list_configs()
+    width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        print(f"{name:{width}s}  {text}".rstrip())
     return 0
 
 
@@ -145,10 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="side-by-side table of runs (mean +- std over seeds)")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    rep.add_argument("--plot", metavar="FILE.png",
+                     help="also draw accuracy, loss and MB moved per round, one line per experiment "
+                          "with a band over its seeds (.png, .pdf or .svg)")
     rep.set_defaults(func=_cmd_report)
 
     sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
+    sub.add_parser("configs", help="list the shipped configs (raysim run NAME runs one from any folder)"
+                   ).set_defaults(func=_cmd_configs)
 
     tune = sub.add_parser("tune", help="a Ray Tune sweep over config keys (see configs/sweeps/)")
     tune.add_argument("sweep", nargs="?", help="sweep YAML (e.g. configs/sweeps/cpu.yaml)")
@@ -171,8 +230,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except RaysimError as exc:
-        print(f"raysim: error: {exc}", file=sys.stderr)
+        print(f"raysim: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
+
+
+def user_message(exc: BaseException) -> str:
+    """The message of a RaysimError, also when an actor raised it: Ray then wraps it in a RayTaskError
+    (still a RaysimError) whose text is a traceback, and keeps the original as `.cause`."""
+    while isinstance(getattr(exc, "cause", None), BaseException):
+        exc = exc.cause
+    return str(exc)
 
 
 if __name__ == "__main__":

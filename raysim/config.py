@@ -7,6 +7,8 @@ before Ray starts, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
@@ -156,6 +158,9 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
 def coerce(value: Any, tp: Any, key: str) -> Any:
     """Check `value` against the annotation `tp`, converting int->float where harmless."""
     origin = typing.get_origin(tp)
@@ -173,8 +178,13 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
                 errors.append(exc)
         raise errors[0]
     if tp is float:
+        if isinstance(value, str) and _SCIENTIFIC.match(value):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise RaysimError(f"config key '{key}' must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise RaysimError(f"config key '{key}' must be a finite number, got {value}")
+        check_named_number(key, value)
         # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
         return value
     if tp is int:
@@ -199,6 +209,18 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict or tp is Any:
         return value
     raise RaysimError(f"config key '{key}' has unsupported type {_type_name(tp)}")
+
+
+def check_named_number(key: str, value: float) -> None:
+    """Ranges that hold for a key wherever it appears (local.*, algorithm.*): learning rates,
+    momenta and weight decays, by the name's last part."""
+    name = key.rsplit(".", 1)[-1]
+    if (name == "lr" or name.endswith("_lr")) and value < 0:
+        raise RaysimError(f"config key '{key}' is a learning rate and must be >= 0, got {value}")
+    if (name == "momentum" or name.endswith("_momentum")) and not 0 <= value < 1:
+        raise RaysimError(f"config key '{key}' is a momentum and must be in [0, 1), got {value}")
+    if (name == "weight_decay" or name.endswith("_weight_decay")) and value < 0:
+        raise RaysimError(f"config key '{key}' is a weight decay and must be >= 0, got {value}")
 
 
 def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
@@ -341,7 +363,8 @@ def validate(config: Config) -> None:
     need(config.rounds >= 1, f"rounds must be >= 1, got {config.rounds}")
     need(config.clients.num >= 1, f"clients.num must be >= 1, got {config.clients.num}")
     per = config.clients.per_round
-    need(per > 0, f"clients.per_round must be a count >= 1 or a fraction in (0, 1], got {per}")
+    need(per > 0 and (per <= 1 or float(per).is_integer()),
+         f"clients.per_round must be a count >= 1 or a fraction in (0, 1], got {per}")
     need(config.clients_per_round() <= config.clients.num,
          f"clients.per_round={per} exceeds clients.num={config.clients.num}: lower it or use a fraction like 0.4")
     need(config.partition.alpha > 0,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.tables import text_table
 
 PARTITION_KINDS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "quantity", "domain")
 
@@ -225,21 +226,9 @@ def format_counts(
             )
         body.append(["total", str(int((col_totals > 0).sum())), "", str(col_totals.sum())])
 
-    widths = [max(len(r[j]) for r in [header] + body) for j in range(len(header))]
-    text_cols = {2} if c > max_classes else set()
-
-    def fmt(row: list[str]) -> str:
-        cells = [
-            cell.ljust(w) if (j in text_cols or j == 0) else cell.rjust(w)
-            for j, (cell, w) in enumerate(zip(row, widths))
-        ]
-        return "  ".join(cells).rstrip()
-
-    lines = [fmt(header), "-" * len(fmt(header))]
-    lines += [fmt(r) for r in body[:-1]]
-    lines.append("-" * len(lines[0]))
-    lines.append(fmt(body[-1]))
-    return "\n".join(lines)
+    # The client column and the largest classes ("3:40 7:12") are text; the counts are numbers.
+    align = "l" + ("rlr" if c > max_classes else "r" * (c + 1))
+    return text_table(header, body[:-1], footer=body[-1:], align=align)
 
 
 # ----------------------------------------------------------------- partitioners

@@ -105,3 +105,64 @@ def save_partition_plot(
         fig.savefig(path, format="png")
     finally:
         fig.clear()
+
+
+# The panels of `curves_figure`: (key in each run's curves, y-axis label).
+CURVE_PANELS = (("accuracy", "test accuracy"), ("loss", "test loss"), ("mb_moved", "cumulative MB moved (up + down)"))
+
+
+def curves_figure(
+    experiments: dict[str, list[dict[str, tuple[np.ndarray, np.ndarray]]]], title: str | None = None
+) -> Figure:
+    """Per-round curves of several experiments side by side: test accuracy, test loss, cumulative MB.
+
+    ``experiments`` maps an experiment's label to its runs (one per seed), each run a mapping
+    ``{"accuracy" | "loss" | "mb_moved": (rounds, values)}``. Each panel has one line per experiment,
+    the mean over its seeds at each round (over the seeds that have that round), and, with more than
+    one seed, a shaded band from the seeds' minimum to their maximum. One legend for all panels.
+    """
+    n = len(experiments)
+    fig = Figure(figsize=(15.0, 4.3 + 0.25 * ((n + 1) // 2)), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(CURVE_PANELS))
+    handles = []
+    for i, (label, runs) in enumerate(experiments.items()):
+        color, handle = f"C{i % 10}", None
+        for ax, (key, _) in zip(axes, CURVE_PANELS):
+            by_round: dict[int, list[float]] = {}
+            for run in runs:
+                rounds, values = run.get(key, ((), ()))
+                for r, v in zip(rounds, values):
+                    by_round.setdefault(int(r), []).append(float(v))
+            if not by_round:
+                continue
+            rounds = np.array(sorted(by_round))
+            stacked = [np.array(by_round[r]) for r in rounds]
+            mean = np.array([s.mean() for s in stacked])
+            (line,) = ax.plot(rounds, mean, color=color, linewidth=1.6, marker="o" if len(rounds) <= 20 else None,
+                              markersize=3.5, label=f"{label} ({len(runs)} seed{'s' if len(runs) != 1 else ''})")
+            handle = handle or line
+            if len(runs) > 1:
+                ax.fill_between(rounds, [s.min() for s in stacked], [s.max() for s in stacked],
+                                color=color, alpha=0.2, linewidth=0)
+        if handle is not None:
+            handles.append(handle)
+    for ax, (_, ylabel) in zip(axes, CURVE_PANELS):
+        ax.set_xlabel("round")
+        ax.set_ylabel(ylabel)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, linestyle=":", linewidth=0.5, alpha=0.6)
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2), frameon=False)
+    fig.suptitle(title or "line: mean over seeds, band: min..max over seeds")
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path) -> None:
+    """Write ``fig`` to ``path``, in the format its suffix names (.png, .pdf, .svg; parent folders are created)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fig.savefig(path, format=path.suffix.lstrip(".").lower())
+    finally:
+        fig.clear()

@@ -9,6 +9,7 @@ import numpy as np
 import yaml
 
 from raysim.errors import RaysimError
+from raysim.tables import text_table
 
 
 def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -92,11 +93,22 @@ def rounds_to(summaries: list[dict[str, Any]], target: str) -> str:
     return f"{np.mean(reached):.1f} +- {np.std(reached, ddof=1):.1f}"
 
 
-def report(run_dirs: list[str]) -> str:
-    runs = [(Path(d), *read_run(Path(d))) for d in run_dirs]
+def read_runs(run_dirs: list[str]) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    return [(Path(d), *read_run(Path(d))) for d in run_dirs]
+
+
+def group_runs(runs: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> dict[str, list]:
+    """Experiments, in the order first met: runs whose configs differ only by seed (experiment_key) fold
+    into one, as a list of (run_dir, summary, config)."""
     groups: dict[str, list] = {}
     for run_dir, summary, config in runs:
         groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
+    return groups
+
+
+def report(run_dirs: list[str]) -> str:
+    runs = read_runs(run_dirs)
+    groups = group_runs(runs)
     differing = differing_keys([c for _, _, c in runs])
     header = ["experiment", "seeds", "final acc", "best acc", "last-5 acc", "rounds", "MB up", "MB down", "time s"]
     # Domain-skew runs (DomainNet): the papers' figure, the mean of the per-domain test accuracies.
@@ -136,10 +148,7 @@ MAX_CLIENT_COLUMNS = 10
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(header, rows)
 
 
 def client_table(groups: dict[str, list], differing: set[str]) -> str:
@@ -159,3 +168,65 @@ def client_table(groups: dict[str, list], differing: set[str]) -> str:
                      *[mean_std([s["client_accuracy"].get(k) for _, s, _ in members]) + (f" ({arch[k]})" if k in arch else "")
                        for k in ids]])
     return table(header, rows)
+
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise RaysimError(f"--plot {path}: the file name must end in {', '.join(PLOT_FORMATS)}")
+    return path
+
+
+def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A run's server curves from metrics.parquet: {"accuracy" | "loss": (evaluated rounds, values),
+    "mb_moved": (rounds, cumulative bytes up + down in MB)}."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = run_dir / "metrics.parquet"
+    if not path.is_file():
+        raise RaysimError(f"'{run_dir}' has no metrics.parquet: --plot needs each run's per-round metrics")
+    try:
+        table = pq.read_table(path, columns=["round", "client", "metric", "value"])
+    except (pa.ArrowException, OSError) as exc:
+        raise RaysimError(f"cannot read '{path}': {exc}") from None
+    rows = table.filter(pc.is_null(table["client"])).select(["round", "metric", "value"]).to_pylist()
+
+    def series(*metrics: str) -> tuple[np.ndarray, np.ndarray]:
+        by_round: dict[int, float] = {}
+        for r in rows:
+            if r["metric"] in metrics:
+                by_round[r["round"]] = by_round.get(r["round"], 0.0) + r["value"]
+        rounds = np.array(sorted(by_round), dtype=np.int64)
+        return rounds, np.array([by_round[r] for r in rounds], dtype=float)
+
+    rounds, moved = series("bytes_up", "bytes_down")
+    return {"accuracy": series("accuracy"), "loss": series("loss"), "mb_moved": (rounds, np.cumsum(moved) / 1e6)}
+
+
+def report_figure(run_dirs: list[str]):
+    """The curves of `report`'s experiments (seeds folded as in its table): raysim.plots.curves_figure."""
+    from raysim.plots import curves_figure
+
+    runs = read_runs(run_dirs)
+    curves = {run_dir: read_curves(run_dir) for run_dir, _, _ in runs}  # every run checked before drawing
+    differing = differing_keys([c for _, _, c in runs])
+    return curves_figure({label(members[0][2], differing): [curves[d] for d, _, _ in members]
+                          for members in group_runs(runs).values()})
+
+
+def plot_report(run_dirs: list[str], path: str | Path) -> Path:
+    """Write report_figure(run_dirs) to `path` (.png, .pdf or .svg)."""
+    from raysim.plots import save_figure
+
+    path = check_plot_path(path)
+    figure = report_figure(run_dirs)
+    try:
+        save_figure(figure, path)
+    except OSError as exc:
+        raise RaysimError(f"cannot write the plot '{path}': {exc.strerror or exc}") from None
+    return path

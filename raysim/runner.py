@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +17,7 @@ from raysim.data import ArrayDataset, load_dataset
 from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
+from raysim.outputs.run_lock import LOCK_FILE, lock_run_dir, owning, unlock_run_dir
 from raysim.partition import class_counts, partition
 from raysim.registry import algorithm_class
 from raysim.seeding import PARTITION, numpy_rng
@@ -99,17 +101,31 @@ def new_run_dir(config: Config, out: str | None) -> Path:
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
+    for parent in [run_dir, *run_dir.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise RaysimError(f"--out '{run_dir}': '{parent}' is a file, not a folder: "
+                              "give a new or existing folder for the run")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RaysimError(f"cannot create the run directory '{run_dir}' ({exc.strerror}): "
+                          "choose another --out") from None
+    lock_run_dir(run_dir)  # held until this process ends: a second run with the same --out is refused
     if (run_dir / CONFIG_FILE).exists():
+        unlock_run_dir(run_dir)
         raise RaysimError(f"'{run_dir}' already holds a run: continue it with "
                           f"'raysim run --resume {run_dir}' or choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
 def discard_unstarted_run(run_dir: Path) -> None:
-    """Remove a run directory that holds only its config: nothing ran, so nothing is lost."""
-    if run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [CONFIG_FILE]:
-        (run_dir / CONFIG_FILE).unlink()
+    """Remove the run directory this process created when nothing ran in it (it holds no more than
+    its config and lock), so that the same --out works again."""
+    unstarted = {CONFIG_FILE, LOCK_FILE}
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= unstarted:
+        for name in unstarted:
+            (run_dir / name).unlink(missing_ok=True)
+        unlock_run_dir(run_dir)
         run_dir.rmdir()
 
 
@@ -125,6 +141,15 @@ def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
             raise RaysimError(f"'{key}' cannot change on --resume (only rounds and resources.* can): "
                               "start a new run instead")
     return load_config(run_dir / CONFIG_FILE, overrides)
+
+
+def completed_rounds(run_dir: Path) -> int:
+    """Rounds the run's checkpoint holds, read (and so checked: safe to load, not damaged) on the
+    driver before Ray starts."""
+    from raysim.outputs.state_files import read_checkpoint
+
+    checkpoint = read_checkpoint(run_dir)
+    return 0 if checkpoint is None else int(checkpoint["round"])
 
 
 def client_placement():
@@ -151,16 +176,17 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
     from raysim.engine.ray_session import ray_session
 
     exp = experiment or prepare(config)
-    write_text(run_dir / CONFIG_FILE, dump_config(config))
     res = config.resources
-    with ray_session(res, address):
+    with owning(run_dir), ray_session(res, address):
         if res.in_process:
             server, actors, refs = _in_process(config, exp, run_dir)
         else:
             server, actors, refs = _start_actors(config, exp, run_dir)
-        try:  # `refs` keeps the shared arrays alive for the whole run
+        try:  # `refs` keeps the shared arrays, and the depot that hands them out, alive for the run
             write_actors_file(run_dir, ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
             start = RunStart(ray.get(server.completed_rounds.remote()), config.rounds, actors)
+            # Only now: a resume whose checkpoint cannot be read leaves the run's config as it was.
+            write_text(run_dir / CONFIG_FILE, dump_config(config))
             for callback in callbacks:
                 callback.on_run_start(start)
             for round_index in range(start.completed_rounds + 1, config.rounds + 1):
@@ -173,7 +199,7 @@ def run_experiment(config: Config, run_dir: Path, address: str | None = None,
             return summary
         finally:
             if not res.in_process:
-                for handle in [server, *actors]:
+                for handle in [server, *actors, refs[0]]:
                     ray.kill(handle, no_restart=True)
 
 
@@ -196,7 +222,7 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from raysim.engine.client_actor import ClientActor
+    from raysim.engine.client_actor import ClientActor, ShardDepot
     from raysim.engine.ray_session import check_resources, plan_actors
     from raysim.engine.server import ServerActor
 
@@ -207,23 +233,25 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     check_resources(res, num_actors)
     owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
     train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
-    state_dir = str(run_dir / "client_state")
-    actors, refs = [], [train_x, train_y]  # the caller keeps the refs for the run: restarts read them again
-    placement = client_placement()
-    for a in range(num_actors):
-        refs.append(ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}))
-        actors.append(ClientActor.options(
-            num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
-            max_task_retries=res.max_task_retries, scheduling_strategy=placement,
-        ).remote(config, exp.spec, [train_x, train_y, refs[-1]], exp.mean, exp.std, state_dir,
-                 res.gpus_per_actor))
-    # The server lives on the driver's node, so the run directory is written where the user looks.
+    shards = [[train_x, train_y, ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a})]
+              for a in range(num_actors)]
+    # The server and the depot live on the driver's node, so the run directory is written where the
+    # user looks and the shards stay reachable while the driver runs.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    depot_name = f"raysim-shards-{uuid.uuid4().hex}"
+    depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote(shards)
+    state_dir = str(run_dir / "client_state")
+    placement = client_placement()
+    actors = [ClientActor.options(
+        num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
+        max_task_retries=res.max_task_retries, scheduling_strategy=placement,
+    ).remote(config, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
+        for a in range(num_actors)]
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
         config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
         str(run_dir), actors, owner, exp.counts, exp.dataset.classes, test_domain=exp.dataset.test_domain,
         domains=exp.dataset.domains, data_digest=exp.data_digest)
-    return server, actors, refs
+    return server, actors, [depot, shards]
 
 
 def _in_process(config: Config, exp: Experiment, run_dir: Path):
@@ -284,6 +312,11 @@ class ProgressBar(Callback):
         self.moved += values["bytes_up"] + values["bytes_down"]
         postfix = {"acc": f"{values['accuracy']:.4f}"} if "accuracy" in values else {}
         postfix["moved"] = f"{self.moved / 1e6:.1f}MB"
+        restarts = int(values.get("actor_restarts", 0))
+        if restarts:
+            self.bar.write(f"round {result.round}: {restarts} client actor restart(s) (Ray restarted a crashed "
+                           "actor; its clients' steps re-ran from their saved state, with the same numbers)",
+                           file=sys.stderr)
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 

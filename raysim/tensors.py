@@ -1,6 +1,7 @@
 """Moving model weights between torch modules and numpy (what crosses the object store)."""
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any, Iterable, Mapping
 
@@ -60,9 +61,16 @@ def weighted_average(weight_dicts: list[Weights], coefficients: Iterable[float],
 def serialized_nbytes(obj: Any) -> int:
     """Bytes that Ray moves for `obj`: its pickle (protocol 5) plus out-of-band buffers.
 
-    Ray serialises numpy arrays out of band the same way, so this is the size
-    of what actually crosses between server and client.
+    Ray serialises numpy arrays out of band the same way, so this is the size of what crosses
+    between server and client, up to pickle's memo: the count is taken without it (each key and
+    dtype written in full, a few bytes more per array than Ray may send) so that it depends on the
+    values alone, not on which Python objects happen to be shared - a resumed run, whose state
+    was read back from its checkpoint, counts the same bytes as an uninterrupted one.
     """
     buffers: list[pickle.PickleBuffer] = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    stream = io.BytesIO()
+    pickler = pickle.Pickler(stream, protocol=5, buffer_callback=buffers.append)
+    pickler.fast = True  # no memo (payloads are trees, never cyclic)
+    pickler.dump(obj)
+    head = stream.getbuffer()
     return len(head) + sum(memoryview(b).nbytes for b in buffers)

@@ -27,6 +27,7 @@ from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.files import write_text
 from raysim.sweep import Sweep, load_sweep
+from raysim.tables import text_table
 
 TUNE_DIR, RUNS_DIR = "tune", "runs"
 
@@ -182,11 +183,7 @@ def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
     columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "rounds", "status"]
     def cell(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
-    cells = [[cell(r[c]) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines)
+    return text_table(columns, [[cell(r[c]) for c in columns] for r in rows])
 
 
 def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> Path | None:

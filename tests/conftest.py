@@ -85,7 +85,7 @@ def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: i
     import sys
     import time
 
-    import torch
+    from raysim.outputs.state_files import read_checkpoint
 
     root = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(root / "configs/quickstart.yaml"), *overrides,
@@ -95,10 +95,10 @@ def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: i
     checkpoint = run_dir / "checkpoints/last.pt"
     deadline = time.time() + 240
     while time.time() < deadline:
-        if checkpoint.exists() and torch.load(checkpoint, weights_only=False)["round"] >= after_round:
+        if checkpoint.exists() and read_checkpoint(run_dir)["round"] >= after_round:
             break
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return torch.load(checkpoint, weights_only=False)["round"]
+    return read_checkpoint(run_dir)["round"]

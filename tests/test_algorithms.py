@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from raysim.registry import builtin_names
 from tests.test_dynafed import TINY as DYNAFED
 from tests.test_fedaf import TINY_CONDENSATION
+from raysim.outputs.state_files import load_state, read_checkpoint
 
 
 def server_values(run_dir, metric="accuracy"):
@@ -20,7 +20,7 @@ def server_values(run_dir, metric="accuracy"):
 
 
 def final_weights(run_dir):
-    return torch.load(run_dir / "checkpoints/final_model.pt", weights_only=False)
+    return load_state(run_dir / "checkpoints/final_model.pt", "")
 
 
 def assert_same_weights(a, b, exact=True):
@@ -67,12 +67,12 @@ def test_fedbn_without_batchnorm_is_fedavg_and_keeps_bn_local_with_it(run_tiny):
     _, bn = run_tiny(**{"algorithm.name": "fedbn", "model.name": "mlp"})
     assert_same_weights(final_weights(avg), final_weights(bn))
     _, bn_conv = run_tiny(**{"algorithm.name": "fedbn", "rounds": 2})
-    state = torch.load(sorted((bn_conv / "client_state/client_00000").glob("r*.pt"))[-1], weights_only=False)
+    state = load_state(sorted((bn_conv / "client_state/client_00000").glob("r*.pt"))[-1], "")
     assert any("running_mean" in k for k in state["bn"])
 
 
 def client_state(run_dir, client, round_index):
-    return torch.load(run_dir / f"client_state/client_{client:05d}/r{round_index:06d}.pt", weights_only=False)
+    return load_state(run_dir / f"client_state/client_{client:05d}/r{round_index:06d}.pt", "")
 
 
 def test_scaffold_control_variates_persist_across_rounds(run_tiny):
@@ -85,7 +85,7 @@ def test_scaffold_control_variates_persist_across_rounds(run_tiny):
     assert any(np.abs(v).sum() > 0 for v in c2.values())
     # c_i+ = c_i - c + (x - y_i)/(K lr): round 3 starts from round 2's c_i, so they differ but stay close in scale
     assert not all(np.array_equal(c2[k], c3[k]) for k in c2)
-    final = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["state"]
+    final = read_checkpoint(run_dir)["state"]
     assert any(np.abs(v).sum() > 0 for v in final["control"].values())
 
 
@@ -95,7 +95,7 @@ def test_feddyn_gradient_state_persists(run_tiny):
     g1 = client_state(run_dir, 0, 1)["grad"]
     assert any(np.abs(v).sum() > 0 for v in g1.values())
     assert not all(np.array_equal(g1[k], g2[k]) for k in g1)
-    final = torch.load(run_dir / "checkpoints/last.pt", weights_only=False)["state"]
+    final = read_checkpoint(run_dir)["state"]
     assert any(np.abs(v).sum() > 0 for v in final["h"].values())
 
 

@@ -26,12 +26,12 @@ def server_rows(run_dir, metrics=("accuracy", "loss", "bytes_up", "bytes_down"))
 FAULTY = {"rounds": 3, "algorithm.name": "scaffold", "local.keep_optimizer": True, "output.tensorboard": True}
 
 
-def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path):
+def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path, capsys):
     import ray
 
     from raysim.config import load_config
     from raysim.outputs.callbacks import Callback
-    from raysim.runner import run_experiment
+    from raysim.runner import ProgressBar, run_experiment
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**FAULTY))
     assert not config.resources.in_process
@@ -54,10 +54,16 @@ def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path):
                 state["thread"].start()
 
     faulty = tmp_path / "faulty"
-    run_experiment(config, faulty, callbacks=[KillAfterRoundOne()])
+    bar = ProgressBar("faulty")
+    run_experiment(config, faulty, callbacks=[KillAfterRoundOne(), bar])
+    bar.close()
     state["thread"].join()
     assert state["killed"] == 1
     assert server_rows(faulty) == server_rows(clean)
+    # the restart is visible: a per-round metric and one line on stderr
+    restarts = dict((r, v) for r, _, v in server_rows(faulty, ("actor_restarts",)))
+    assert sorted(restarts) == [1, 2, 3] and sum(restarts.values()) == 1 and restarts[1] == 0
+    assert capsys.readouterr().err.count("client actor restart") == 1
 
 
 def test_sigkilled_run_resumes_to_the_same_numbers(run_tiny, tmp_path):

@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import torch
 
 from tests.conftest import tiny_overrides
+from raysim.outputs.state_files import load_state
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONDENSATION = {"algorithm.ipc": 3, "algorithm.steps": 4, "algorithm.real_batch": 32,
@@ -37,7 +38,7 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     second = runtime.run_client(2, 0, payload)["message"]["images"]
     np.testing.assert_array_equal(first, second)
     # a fresh initialisation (what FedDM does every round) would differ
-    saved = torch.load(tmp_path / "state/client_00000/r000001.pt", weights_only=False)["syn"]
+    saved = load_state(tmp_path / "state/client_00000/r000001.pt", "")["syn"]
     np.testing.assert_array_equal(saved.reshape(first.shape).numpy(), first)
 
 

@@ -21,7 +21,7 @@ from raysim.runner import check_models
 from raysim.sweep import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDER = ROOT / "configs" / "fedhydra"
+FOLDER = (ROOT / "configs" / "fedhydra").resolve()
 ALL = sorted(FOLDER.glob("*.yaml"))
 CPU = [p for p in ALL if p.name.endswith("_cpu.yaml")]
 PAPER = [p for p in ALL if not p.name.endswith("_cpu.yaml")]
@@ -48,7 +48,8 @@ def load(path: Path, *overrides: str):
 
 
 def rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
+    """The path a user types in the checkout: configs/ (a link to the shipped raysim/configs/)."""
+    return "configs/" + path.relative_to(FOLDER.parent).as_posix()
 
 
 def header_methods(path: Path) -> list[str]:

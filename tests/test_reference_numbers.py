@@ -2,7 +2,9 @@
 
 Recorded on 2 CPU cores with torch 2.14.1 at commit 7067284 (before the engine gained per-client
 models, algorithm-chosen participants, per-recipient payloads and output callbacks). A small
-tolerance absorbs a different CPU's float rounding, not a change of algorithm or seeding.
+tolerance absorbs a different CPU's float rounding, not a change of algorithm or seeding: on an
+AMD EPYC (AVX-512) the same code gives losses within 1e-3 relative of these (recorded on another
+CPU) and accuracies within 0.0015, where another seed moves the losses by 9-20%.
 """
 from __future__ import annotations
 
@@ -28,4 +30,4 @@ def test_numbers_match_those_recorded_before_the_engine_change(run_tiny, name):
     overrides, accuracy, loss = RECORDED[name]
     _, run_dir = run_tiny(**overrides)
     assert server_values(run_dir, "accuracy") == pytest.approx(accuracy, abs=0.0025)
-    assert server_values(run_dir, "loss") == pytest.approx(loss, rel=1e-4)
+    assert server_values(run_dir, "loss") == pytest.approx(loss, rel=2e-3)

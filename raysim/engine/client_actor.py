@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Any, Iterator
 
 import numpy as np
@@ -45,6 +46,8 @@ class ClientRuntime:
             self.data[client] = (to_model_input(train_x[idx], mean, std, self.device),
                                  torch.from_numpy(y).to(self.device), counts)
         self.states = ClientStateStore(state_dir)
+        # Tells this process from the one Ray starts after a crash: the server counts restarts by it.
+        self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def info(self) -> dict[str, Any]:
         """Where these clients live, for the run directory's actors.yaml."""
@@ -75,7 +78,7 @@ class ClientRuntime:
         return {"client": client, "num_samples": data.num_samples, "message": message,
                 "metrics": dict(data.metrics),
                 "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
-                "seconds": time.perf_counter() - start}
+                "seconds": time.perf_counter() - start, "incarnation": self.incarnation}
 
     def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any],
                     parts: dict[int, list], chunk_bytes: int) -> Iterator[list[dict[str, Any]]]:
@@ -95,13 +98,25 @@ class ClientRuntime:
             yield chunk
 
 
+@ray.remote(num_cpus=0)
+class ShardDepot:
+    """The references to the training set and to each client actor's client indices, held for the
+    whole run. Client actors look it up by name and read their shard from it, on start and again on
+    a restart. Handing them the references, or this actor's handle, as constructor arguments instead
+    makes Ray warn on every run that a restart might fail (ray-project/ray#53727)."""
+
+    def __init__(self, shards: list[list]):
+        self.shards = shards  # references nested in lists: kept as references, not resolved
+
+    def shard(self, actor_index: int) -> list:
+        return self.shards[actor_index]
+
+
 @ray.remote
 class ClientActor:
-    def __init__(self, config, spec, data_refs: list, *args, **kwargs):
-        # The training set and this actor's client indices arrive as references inside a list, so
-        # Ray does not resolve them as constructor arguments; the driver holds them for the whole
-        # run, so a restarted actor fetches the same shared-memory arrays again.
-        train_x, train_y, client_indices = ray.get(data_refs)
+    def __init__(self, config, spec, depot_name: str, actor_index: int, *args, **kwargs):
+        refs = ray.get(ray.get_actor(depot_name).shard.remote(actor_index))
+        train_x, train_y, client_indices = ray.get(refs)
         self.runtime = ClientRuntime(config, spec, train_x, train_y, client_indices, *args, **kwargs)
 
     def info(self) -> dict[str, Any]:

@@ -4,15 +4,16 @@ Kept in the memory of the actor that hosts the client, and mirrored to disk
 under the run directory, one file per (client, round), so that a restarted
 actor or a resumed run finds the state as of the round before the one it is
 about to (re)run. Only the two newest files per client are kept: the newest
-may belong to a round that is being replayed after a crash.
+may belong to a round that is being replayed after a crash. Files load with
+torch.load(weights_only=True) (raysim.outputs.state_files): a run directory from someone else
+cannot run code in the actors.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-import torch
+from raysim.outputs.state_files import load_state, save_state
 
 
 class ClientStateStore:
@@ -32,7 +33,8 @@ class ClientStateStore:
         rounds = [r for r in self._saved_rounds(client) if r < round_index]
         if not rounds:
             return {}
-        state = torch.load(self._client_dir(client) / f"r{rounds[-1]:06d}.pt", weights_only=False)
+        path = self._client_dir(client) / f"r{rounds[-1]:06d}.pt"
+        state = load_state(path, f"client {client}'s state cannot be recovered: start a fresh run")
         self.memory[client] = (rounds[-1], state)
         return state
 
@@ -42,10 +44,7 @@ class ClientStateStore:
             return
         folder = self._client_dir(client)
         folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"r{round_index:06d}.pt"
-        tmp = target.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, target)
+        save_state(folder / f"r{round_index:06d}.pt", state)
         for old in self._saved_rounds(client)[:-2]:
             (folder / f"r{old:06d}.pt").unlink(missing_ok=True)
 

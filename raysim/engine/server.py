@@ -25,8 +25,9 @@ from raysim.engine.client_actor import to_model_input
 from raysim.engine.delivery import Delivery
 from raysim.engine.devices import configure_torch, pick_device
 from raysim.errors import RaysimError
-from raysim.outputs.callbacks import (CHECKPOINT, Callback, CheckpointFile, MetricsFile, RoundResult, RunStart,
+from raysim.outputs.callbacks import (Callback, CheckpointFile, MetricsFile, RoundResult, RunStart,
                                       SummaryFile, TensorBoardFile)
+from raysim.outputs.state_files import read_checkpoint
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
 from raysim.tensors import load_weights
@@ -60,6 +61,7 @@ class ServerRuntime:
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
+        self.incarnations: dict[int, str] = {}  # actor index -> the process its last result came from
         self.test_x = to_model_input(test_x, mean, std, self.device)
         self.test_y = torch.from_numpy(np.asarray(test_y, dtype=np.int64)).to(self.device)
         self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
@@ -68,9 +70,8 @@ class ServerRuntime:
         self.test_domain = (torch.from_numpy(np.asarray(test_domain, dtype=np.int64)).to(self.device)
                             if self.domains else None)
 
-        checkpoint_path = self.run_dir / CHECKPOINT
-        if checkpoint_path.exists():
-            checkpoint = torch.load(checkpoint_path, weights_only=False)
+        checkpoint = read_checkpoint(self.run_dir)
+        if checkpoint is not None:
             self.state, self.completed = checkpoint["state"], checkpoint["round"]
             self.previous_wall = checkpoint["wall_time_s"]
             self.ctx.log.summary.update(checkpoint.get("log_summary", {}))
@@ -118,13 +119,14 @@ class ServerRuntime:
         sampled = self.participants(round_index)
         results: dict[int, dict[str, Any]] = {}
         fetch = 0.0  # time spent moving finished replies out of the object store (the upload)
+        restarts = 0
         bytes_down: dict[int, int] = {}
         t1 = t0
         if sampled:
             delivery = Delivery(self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index)
             bytes_down = delivery.bytes_down
             t1 = time.perf_counter()
-            fetch = self._run_clients(round_index, sampled, delivery, results)
+            fetch, restarts = self._run_clients(round_index, sampled, delivery, results)
             del delivery
         t2 = time.perf_counter()
 
@@ -141,6 +143,7 @@ class ServerRuntime:
         values.update(log.scalars)
         values.update({"bytes_up": sum(results[k]["bytes_up"] for k in sampled),
                        "bytes_down": sum(bytes_down.values()), "participants": len(sampled),
+                       "actor_restarts": restarts,
                        "time_broadcast_s": t1 - t0, "time_clients_s": t2 - t1, "time_fetch_s": fetch,
                        "time_server_update_s": t3 - t2, "time_eval_s": t4 - t3})
         client_values: list[tuple[int, str, float]] = []
@@ -157,25 +160,29 @@ class ServerRuntime:
         return result.without_pictures()
 
     def _run_clients(self, round_index: int, sampled: list[int], delivery: Delivery,
-                     results: dict[int, dict[str, Any]]) -> float:
+                     results: dict[int, dict[str, Any]]) -> tuple[float, int]:
         """One task per actor runs its participants in turn and streams their results back in chunks
-        (RESULT_CHUNK_BYTES); returns the time spent fetching them. A task per client would pay Ray's
-        per-task round trip (the reply put in the object store, the next task's arguments resolved:
-        about 3.6 ms a client on 2 cores, measured) between clients; chunks pay it once per chunk and
-        still bound the results an actor holds. A retried task (actor restart) replays the same
-        chunks: every client's step is deterministic."""
+        (RESULT_CHUNK_BYTES); returns the time spent fetching them and how many client actors were
+        found restarted (a result from another process than the actor's previous one). A task per
+        client would pay Ray's per-task round trip (the reply put in the object store, the next
+        task's arguments resolved: about 3.6 ms a client on 2 cores, measured) between clients;
+        chunks pay it once per chunk and still bound the results an actor holds. A retried task
+        (actor restart) replays the same chunks: every client's step is deterministic."""
         by_actor: dict[int, list[int]] = {}
         for k in sampled:
             by_actor.setdefault(self.client_actor[k], []).append(k)
         calls = [(self.actors[a], clients, {k: delivery.parts[k] for k in clients if delivery.parts[k]})
                  for a, clients in by_actor.items()]
-        fetch = 0.0
+        fetch, restarts = 0.0, 0
 
         def take(chunk_ref) -> None:
-            nonlocal fetch
+            nonlocal fetch, restarts
             t = time.perf_counter()
             for result in ray.get(chunk_ref):
                 results[result["client"]] = result
+                actor, incarnation = self.client_actor[result["client"]], result.pop("incarnation")
+                restarts += self.incarnations.setdefault(actor, incarnation) != incarnation
+                self.incarnations[actor] = incarnation
             fetch += time.perf_counter() - t
 
         if self.config.resources.in_process:  # the clients ran when called: their chunks are ready
@@ -183,7 +190,7 @@ class ServerRuntime:
                 for chunk_ref in actor.run_clients.remote(round_index, clients, delivery.shared, parts,
                                                           RESULT_CHUNK_BYTES):
                     take(chunk_ref)
-            return fetch
+            return fetch, restarts
         live = [actor.run_clients.options(num_returns="streaming").remote(
                     round_index, clients, delivery.shared, parts, RESULT_CHUNK_BYTES)
                 for actor, clients, parts in calls]
@@ -194,7 +201,7 @@ class ServerRuntime:
                     take(next(stream))
                 except StopIteration:
                     live.remove(stream)
-        return fetch
+        return fetch, restarts
 
     def evaluate(self) -> dict[str, float]:
         model = self.ctx.model("eval")

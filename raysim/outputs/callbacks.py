@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-CHECKPOINT = "checkpoints/last.pt"  # the latest round's state, read by --resume
 
 
 @dataclass
@@ -95,7 +94,8 @@ class TensorBoardFile(Callback):
 
 
 class CheckpointFile(Callback):
-    """checkpoints/last.pt every `every` rounds and after the last; final_model.pt at the end."""
+    """checkpoints/last.pt (and the one before it, previous.pt) every `every` rounds and after the last;
+    final_model.pt at the end. All load with torch.load(weights_only=True) (raysim.outputs.state_files)."""
 
     def __init__(self, run_dir: Path, every: int, rounds: int, checkpoint: Callable[[], dict[str, Any]],
                  final_weights: Callable[[], Any]):
@@ -103,15 +103,15 @@ class CheckpointFile(Callback):
         self.checkpoint, self.final_weights = checkpoint, final_weights
 
     def on_round_end(self, result: RoundResult) -> None:
-        from raysim.outputs.files import save_torch
+        from raysim.outputs.state_files import write_checkpoint
 
         if result.round % self.every == 0 or result.round == self.rounds:
-            save_torch(self.run_dir / CHECKPOINT, self.checkpoint())
+            write_checkpoint(self.run_dir, self.checkpoint())
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        from raysim.outputs.files import save_torch
+        from raysim.outputs.state_files import save_state
 
-        save_torch(self.run_dir / "checkpoints/final_model.pt", self.final_weights())
+        save_state(self.run_dir / "checkpoints/final_model.pt", self.final_weights())
 
 
 class SummaryFile(Callback):

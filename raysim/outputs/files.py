@@ -6,8 +6,6 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -22,7 +20,3 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text))
-
-
-def save_torch(path: Path, obj: Any) -> None:
-    atomic_write(path, lambda p: torch.save(obj, p))

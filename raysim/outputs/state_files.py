@@ -1,0 +1,127 @@
+"""Checkpoints and client state on disk that load with `torch.load(weights_only=True)`.
+
+A run directory may come from someone else, and `--resume` reads it on the driver and in every
+client actor: a file that could run code when loaded (any pickle) would run it there. So states
+are written as what the restricted unpickler accepts - tensors, numbers, strings, None and
+dict/list/tuple of them - and numpy arrays are stored as their raw bytes in a uint8 tensor with
+their dtype and shape (exact for every dtype, no pickled numpy objects). Reading refuses anything
+else in one line, without running it.
+"""
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from raysim.errors import RaysimError
+from raysim.outputs.files import atomic_write
+
+_ARRAY = "__raysim_ndarray__"  # tag of an encoded numpy array
+
+
+def encode(obj: Any, where: str = "state") -> Any:
+    """`obj` as tensors and plain containers; a clear error for anything else."""
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+        return obj
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError(f"{where} is a numpy array of Python objects, which a checkpoint cannot hold safely: "
+                            "store numbers")
+        flat = np.ascontiguousarray(obj).reshape(-1)  # (ascontiguousarray makes a 0-d array 1-d: keep obj's shape)
+        return {_ARRAY: torch.from_numpy(flat.view(np.uint8).copy()), "dtype": obj.dtype.str, "shape": list(obj.shape)}
+    if isinstance(obj, np.generic):  # a numpy scalar comes back as one, of its dtype
+        return {**encode(np.asarray(obj), where), "scalar": True}
+    if isinstance(obj, dict):
+        for key in obj:
+            if not isinstance(key, (str, int, float, bool, tuple)) and key is not None:
+                raise TypeError(f"{where} has a key of type {type(key).__name__}: use strings or numbers")
+        return {key: encode(value, f"{where}[{key!r}]") for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [encode(value, f"{where}[{i}]") for i, value in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__name__}, which a checkpoint cannot hold "
+                    "safely: keep tensors, numpy arrays, numbers, strings and dict/list/tuple of them in states")
+
+
+def decode(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if _ARRAY in obj:
+            raw = obj[_ARRAY].numpy()
+            array = raw.view(np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+            return array[()] if obj.get("scalar") else array
+        return {key: decode(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [decode(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(decode(value) for value in obj)
+    return obj
+
+
+def save_state(path: Path, obj: Any) -> None:
+    """Write `obj` atomically (a run killed at any moment leaves the previous file intact)."""
+    encoded = encode(obj)
+    atomic_write(Path(path), lambda p: torch.save(encoded, p))
+
+
+class UnreadableStateError(RaysimError):
+    """A checkpoint or client-state file that is damaged or holds more than tensors and containers."""
+
+
+def load_state(path: Path, way_out: str) -> Any:
+    """The object `save_state` wrote. Anything that is not a tensor or a plain container is refused
+    unread; a damaged file is named. `way_out` completes the message: what the user can do."""
+    path = Path(path)
+    try:
+        return decode(torch.load(path, weights_only=True, map_location="cpu"))
+    except pickle.UnpicklingError:
+        # torch's restricted unpickler stopped at something it does not allow: nothing was executed.
+        raise UnreadableStateError(
+            f"{path} holds objects other than tensors and plain containers, so raysim refuses to load it "
+            f"(a pickle could run code; this version of raysim never writes one): {way_out}") from None
+    except OSError as exc:
+        if exc.errno is not None:
+            raise  # a disk or permission problem, not a damaged file
+        raise UnreadableStateError(f"{path} is damaged or truncated ({_reason(exc)}): {way_out}") from None
+    except (RuntimeError, EOFError, ValueError, KeyError, TypeError) as exc:
+        raise UnreadableStateError(f"{path} is damaged or truncated ({_reason(exc)}): {way_out}") from None
+
+
+def _reason(exc: Exception) -> str:
+    """The first sentence of torch's message (its miniz errors go on for several)."""
+    text = str(exc).strip().split("\n")[0].split(". ")[0]
+    return text if len(text) > 12 else "not a checkpoint raysim wrote"
+
+
+# ---------------------------------------------------------------- checkpoints of a run directory
+CHECKPOINT = "checkpoints/last.pt"  # the latest checkpointed round's state, read by --resume
+PREVIOUS_CHECKPOINT = "checkpoints/previous.pt"  # the one before: the way back from a damaged last.pt
+
+
+def write_checkpoint(run_dir: Path, checkpoint: dict[str, Any]) -> None:
+    """last.pt becomes previous.pt, then the new one becomes last.pt (both renames are atomic; a run
+    killed between them has only previous.pt, which read_checkpoint then uses)."""
+    last, previous = Path(run_dir) / CHECKPOINT, Path(run_dir) / PREVIOUS_CHECKPOINT
+    encoded = encode(checkpoint)
+    fresh = last.with_name("last.pt.new")
+    last.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(encoded, fresh)
+    if last.exists():
+        last.replace(previous)
+    fresh.replace(last)
+
+
+def read_checkpoint(run_dir: Path) -> dict[str, Any] | None:
+    """The run's latest checkpoint ({round, state, wall_time_s, log_summary}), None if it has none."""
+    run_dir = Path(run_dir)
+    last, previous = run_dir / CHECKPOINT, run_dir / PREVIOUS_CHECKPOINT
+    if not last.exists():
+        return load_state(previous, "start a fresh run") if previous.exists() else None
+    if previous.exists():
+        way_out = (f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
+                   "(the rounds after it are re-run, with the same numbers), or start a fresh run")
+    else:
+        way_out = "start a fresh run (there is no earlier checkpoint to go back to)"
+    return load_state(last, way_out)

@@ -1,0 +1,105 @@
+"""Configs shipped in the package (raysim/configs/): found by name from any folder, listed by
+`raysim configs`, and all declared as package data so a non-editable install carries them."""
+from __future__ import annotations
+
+import fnmatch
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from raysim.errors import RaysimError
+from raysim.shipped_configs import ROOT as SHIPPED, list_configs, resolve
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_configs_folder_at_the_repo_root_is_the_packaged_one():
+    assert (REPO / "configs").resolve() == SHIPPED == (REPO / "raysim" / "configs").resolve()
+
+
+@pytest.mark.parametrize("name, file", [
+    ("quickstart", "quickstart.yaml"),
+    ("quickstart.yaml", "quickstart.yaml"),
+    ("fedhydra/mnist_2cc_cpu", "fedhydra/mnist_2cc_cpu.yaml"),
+    ("fedhydra/mnist_2cc_cpu.yaml", "fedhydra/mnist_2cc_cpu.yaml"),
+    ("sweeps/cpu", "sweeps/cpu.yaml"),
+])
+def test_resolve_a_shipped_name_from_any_folder(tmp_path, monkeypatch, name, file):
+    monkeypatch.chdir(tmp_path)
+    assert resolve(name) == SHIPPED / file
+
+
+def test_an_existing_path_wins_over_a_shipped_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quickstart.yaml").write_text("rounds: 1\n")
+    assert resolve("quickstart.yaml") == Path("quickstart.yaml")  # the local file, not the shipped one
+    assert resolve("quickstart") == SHIPPED / "quickstart.yaml"  # no file named 'quickstart' here
+    assert resolve(tmp_path / "quickstart.yaml") == tmp_path / "quickstart.yaml"
+
+
+@pytest.mark.parametrize("name", ["nosuch", "fedhydra/nosuch.yaml", "../pyproject", "", "fedhydra"])
+def test_unknown_name_is_one_error(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RaysimError, match="raysim configs"):
+        resolve(name)
+
+
+def test_unknown_name_through_the_cli_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    from raysim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["run", "nosuch", "--out", str(tmp_path / "run")], ["partition", "nosuch"],
+                 ["tune", "nosuch", "--out", str(tmp_path / "sweep")]):
+        code = main(argv)
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, (argv, lines)
+        assert "'nosuch'" in lines[0] and "raysim configs" in lines[0]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "sweep").exists()
+
+
+def test_a_shipped_sweep_by_name_finds_its_base(tmp_path, monkeypatch):
+    from raysim.sweep import load_sweep
+
+    monkeypatch.chdir(tmp_path)
+    sweep = load_sweep(resolve("sweeps/cpu"))
+    assert Path(sweep.base).resolve() == SHIPPED / "quickstart.yaml"
+
+
+def test_raysim_configs_lists_names_and_first_comment_lines(capsys):
+    from raysim.cli import main
+
+    assert main(["configs"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in out}
+    assert "quickstart" in rows and "fedhydra/mnist_2cc_cpu" in rows and "sweeps/cpu" in rows
+    listed = dict(list_configs())
+    assert len(out) == len(listed) == len(list(SHIPPED.rglob("*.yaml")))
+    first = (SHIPPED / "quickstart.yaml").read_text().splitlines()[0].lstrip("#").strip()
+    assert listed["quickstart"] == first and first in rows["quickstart"]
+
+
+def _glob_match(path: str, pattern: str) -> bool:
+    """Whether setuptools' glob would match: '*' stays within one folder, '**' spans folders."""
+    def match(parts: list[str], pats: list[str]) -> bool:
+        if not pats:
+            return not parts
+        if pats[0] == "**":
+            return any(match(parts[i:], pats[1:]) for i in range(len(parts) + 1))
+        return bool(parts) and fnmatch.fnmatchcase(parts[0], pats[0]) and match(parts[1:], pats[1:])
+
+    return match(path.split("/"), pattern.split("/"))
+
+
+def test_every_shipped_config_is_package_data():
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["raysim"]
+    found = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert any(fnmatch.fnmatchcase("raysim", pattern) for pattern in found)
+    files = [p.relative_to(REPO / "raysim").as_posix() for p in (REPO / "raysim" / "configs").rglob("*")
+             if p.is_file()]
+    assert len(files) > 100 and "configs/fedhydra/mnist_2cc_cpu.yaml" in files
+    assert "configs/sweeps/cpu.yaml" in files
+    missing = [f for f in files if not any(_glob_match(f, pattern) for pattern in patterns)]
+    assert not missing, f"not declared in pyproject.toml's package-data: {missing}"
+    assert not _glob_match("configs/a/b.yaml", "configs/*.yaml")  # the matcher is not fnmatch's '*'
