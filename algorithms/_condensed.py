@@ -9,6 +9,7 @@ the norm of that term's gradient on the images against the DM term's, and logs t
 as `<extra_loss_name>_dm_grad_ratio` (metrics.parquet, per client and round): it tells whether
 the term's weight gives it any say at all.
 """
+
 from __future__ import annotations
 
 import time
@@ -27,19 +28,19 @@ from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 
 PREVIEW_PER_CLASS = 10  # condensed images per class kept for the TensorBoard grid
-GRAD_RATIO_EVERY = 10   # condensation steps between two measurements of the extra term's gradient share
+GRAD_RATIO_EVERY = 10  # condensation steps between two measurements of the extra term's gradient share
 
 
 @dataclass
 class CondensationParams:
-    ipc: int = 50                 # condensed images per class
-    steps: int = 1000             # condensation iterations per round
+    ipc: int = 50  # condensed images per class
+    steps: int = 1000  # condensation iterations per round
     image_lr: float = 1.0
     image_momentum: float = 0.9
-    real_batch: int = 256         # real images per class per step
-    init: str = "real"            # real | average | noise
-    init_average_of: int = 10     # images averaged per initial image (init=average)
-    dsa: bool = True              # differentiable siamese augmentation while matching
+    real_batch: int = 256  # real images per class per step
+    init: str = "real"  # real | average | noise
+    init_average_of: int = 10  # images averaged per initial image (init=average)
+    dsa: bool = True  # differentiable siamese augmentation while matching
     # All classes in one forward pass. false = DM's per-class loop (~1.7x faster on 2 CPU cores, see
     # `raysim bench condense`), which with batch norm normalises each class on its own and so removes
     # the class means DM matches: on CIFAR-10 it condensed worse sets (round-1 accuracy .33 vs .36).
@@ -48,7 +49,7 @@ class CondensationParams:
     server_batch: int = 256
     server_lr: float = 0.001
     server_momentum: float = 0.9
-    server_dsa: bool = True       # augment condensed images while the server trains on them
+    server_dsa: bool = True  # augment condensed images while the server trains on them
     quantize_uint8: bool = False  # send images as uint8 pixels (they are counted as 1 byte either way)
 
     def validate(self):
@@ -75,7 +76,7 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class CondensedDataAlgorithm(Algorithm):
-    match_logits = False    # DM on logits too (FedDM)
+    match_logits = False  # DM on logits too (FedDM)
     extra_loss_name = "extra"  # names the gradient-ratio metric of `extra_condensation_loss`
 
     # ------------------------------------------------------------- client
@@ -128,8 +129,9 @@ class CondensedDataAlgorithm(Algorithm):
     def matching_model(self, payload, client, ctx, seed: int) -> torch.nn.Module:
         raise NotImplementedError
 
-    def extra_condensation_loss(self, payload, means: ClassMeans, syn: torch.Tensor, classes, seed: int,
-                                ctx: Context) -> torch.Tensor | float:
+    def extra_condensation_loss(
+        self, payload, means: ClassMeans, syn: torch.Tensor, classes, seed: int, ctx: Context
+    ) -> torch.Tensor | float:
         """Terms added to the DM loss of a step (`means`: that step's class means; `syn`: the images,
         (len(classes), ipc, C, H, W))."""
         return 0.0
@@ -165,13 +167,22 @@ class CondensedDataAlgorithm(Algorithm):
         model = ctx.model("server")
         load_weights(model, state["weights"])
         # DSA drawn per image while training on the condensed sets (the DSA authors' seed=-1)
-        train_on_synthetic(model, x, y, p.server_epochs, p.server_batch, p.server_lr, p.server_momentum,
-                           torch_generator(self.config.seed, SERVER, round_index),
-                           augment=DSA(per_image=True) if p.server_dsa else None,
-                           extra_loss=self.server_extra_loss(state, ctx))
+        train_on_synthetic(
+            model,
+            x,
+            y,
+            p.server_epochs,
+            p.server_batch,
+            p.server_lr,
+            p.server_momentum,
+            torch_generator(self.config.seed, SERVER, round_index),
+            augment=DSA(per_image=True) if p.server_dsa else None,
+            extra_loss=self.server_extra_loss(state, ctx),
+        )
         state["weights"] = module_weights(model)
-        ctx.log.image_grid("condensed/images_per_class", to_pixels(self.preview(x, y, ctx), ctx.mean, ctx.std),
-                           PREVIEW_PER_CLASS)
+        ctx.log.image_grid(
+            "condensed/images_per_class", to_pixels(self.preview(x, y, ctx), ctx.mean, ctx.std), PREVIEW_PER_CLASS
+        )
         return state
 
     def aggregate_knowledge(self, state, replies, ctx):

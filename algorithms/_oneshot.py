@@ -28,10 +28,12 @@ momentum 0.9: the paper's server setting; its state is kept across epochs), the 
 cleared at each client round (new teachers label differently), `pool_size` 0 keeps every image as
 the authors' code does.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -50,18 +52,18 @@ from raysim.training import local_train, to_cpu
 class OneShotParams:
     """Keys every one-shot method takes, so that one config runs all six by changing algorithm.name."""
 
-    global_rounds: int = 1           # T (Table 5): client rounds, each followed by its distillation epochs
+    global_rounds: int = 1  # T (Table 5): client rounds, each followed by its distillation epochs
     cache_client_stage: bool = True  # reuse the first client stage across methods (raysim.client_cache)
     # the generator (DENSE, Co-Boosting, FedHydra; FedDF's `generator` source)
     nz: int = 256
     ngf: int = 64
-    generator_steps: int = 30        # T_G: generator steps per synthesis
+    generator_steps: int = 30  # T_G: generator steps per synthesis
     generator_lr: float = 1e-3
-    synthesis_batch: int = 256       # images per synthesis (one synthesis per distillation epoch)
-    pool_size: int = 0               # newest images kept in the pool; 0 keeps all (the authors)
-    stratify_steps: int = 20         # FedHydra's model stratification: generator steps per (client, class) ...
-    stratify_batch: int = 256        # ... and its batch (the authors' code)
-    augment: bool = True             # random crop (pad 4) + horizontal flip of synthetic images
+    synthesis_batch: int = 256  # images per synthesis (one synthesis per distillation epoch)
+    pool_size: int = 0  # newest images kept in the pool; 0 keeps all (the authors)
+    stratify_steps: int = 20  # FedHydra's model stratification: generator steps per (client, class) ...
+    stratify_batch: int = 256  # ... and its batch (the authors' code)
+    augment: bool = True  # random crop (pad 4) + horizontal flip of synthetic images
     # distillation into the server model
     kd_batch: int = 256
     kd_lr: float = 0.01
@@ -98,9 +100,12 @@ class OneShot(Algorithm):
     @classmethod
     def check_config(cls, config, params) -> None:
         if config.rounds % params.global_rounds:
-            raise RaysimError(f"rounds={config.rounds} must be a multiple of algorithm.global_rounds="
-                              f"{params.global_rounds} (each global round is one client round plus its "
-                              f"distillation epochs): e.g. rounds={params.global_rounds * (config.rounds // params.global_rounds + 1)}")
+            suggested = params.global_rounds * (config.rounds // params.global_rounds + 1)
+            raise RaysimError(
+                f"rounds={config.rounds} must be a multiple of algorithm.global_rounds="
+                f"{params.global_rounds} (each global round is one client round plus its "
+                f"distillation epochs): e.g. rounds={suggested}"
+            )
 
     # ------------------------------------------------------------- schedule
     def position(self, state: dict[str, Any], round_index: int) -> tuple[int, int]:
@@ -112,8 +117,13 @@ class OneShot(Algorithm):
 
     # ------------------------------------------------------------- server
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:
-        return {"weights": module_weights(model), "clients": {}, "num_samples": {}, "report": {},
-                "rounds_per_global": self.config.rounds // self.params.global_rounds}
+        return {
+            "weights": module_weights(model),
+            "clients": {},
+            "num_samples": {},
+            "report": {},
+            "rounds_per_global": self.config.rounds // self.params.global_rounds,
+        }
 
     def cache_key(self, ctx: Context) -> str | None:
         if not self.params.cache_client_stage or ctx.data_digest is None:
@@ -173,8 +183,13 @@ class OneShot(Algorithm):
         if self._test_logits is None:
             batch = self.config.eval.batch_size
             with torch.no_grad():
-                self._test_logits = torch.cat([self.stacked_logits(teachers, ctx.test_x[start:start + batch])
-                                               for start in range(0, len(ctx.test_y), batch)], dim=1)
+                self._test_logits = torch.cat(
+                    [
+                        self.stacked_logits(teachers, ctx.test_x[start : start + batch])
+                        for start in range(0, len(ctx.test_y), batch)
+                    ],
+                    dim=1,
+                )
         return self._test_logits
 
     def report_clients(self, state: dict[str, Any], ctx: Context) -> dict[str, Any]:
@@ -185,14 +200,19 @@ class OneShot(Algorithm):
             ctx.log.client_value(k, "own_accuracy", accuracy[k])
         ensemble = self.ensemble_accuracy(self.teachers(state, ctx), ctx, mean_logits)
         ctx.log.scalar("ensemble_accuracy", ensemble)
-        return {"client_accuracy": accuracy, "best_client_accuracy": max(accuracy.values()),
-                "ensemble_accuracy": ensemble}
+        return {
+            "client_accuracy": accuracy,
+            "best_client_accuracy": max(accuracy.values()),
+            "ensemble_accuracy": ensemble,
+        }
 
     def ensemble_accuracy(self, teachers, ctx: Context, combine: Callable[[torch.Tensor], torch.Tensor]) -> float:
         logits = self.test_logits(teachers, ctx)
         batch = self.config.eval.batch_size
-        correct = sum(int((combine(logits[:, start:start + batch]).argmax(1) == ctx.test_y[start:start + batch]).sum())
-                      for start in range(0, len(ctx.test_y), batch))
+        correct = sum(
+            int((combine(logits[:, start : start + batch]).argmax(1) == ctx.test_y[start : start + batch]).sum())
+            for start in range(0, len(ctx.test_y), batch)
+        )
         return correct / len(ctx.test_y)
 
     def after_client_stage(self, state: dict[str, Any], round_index: int, ctx: Context) -> dict[str, Any]:
@@ -218,8 +238,9 @@ class OneShot(Algorithm):
             load_weights(model, client.state["weights"])
         else:
             load_weights(model, module_weights(ctx.spec.initial_model(client.arch)))
-        steps, loss = local_train(model, client.x, client.y, self.config.local, client.generator,
-                                  client_state=client.state)
+        steps, loss = local_train(
+            model, client.x, client.y, self.config.local, client.generator, client_state=client.state
+        )
         client.metrics["train_loss"] = loss
         client.metrics["local_steps"] = steps
         weights = module_weights(model)
@@ -269,15 +290,18 @@ class DataFreeDistillation(OneShot):
     def generator(self, ctx: Context) -> Generator:
         if self._generator is None:
             spec = ctx.spec
-            self._generator = Generator(self.params.nz, self.params.ngf, spec.image_size, spec.in_channels).to(ctx.device)
+            self._generator = Generator(self.params.nz, self.params.ngf, spec.image_size, spec.in_channels).to(
+                ctx.device
+            )
         return self._generator
 
     def student(self, state, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         student = ctx.model("student")
         load_weights(student, state["weights"])
         p = self.params
-        optimizer = torch.optim.SGD(student.parameters(), lr=p.kd_lr, momentum=p.kd_momentum,
-                                    weight_decay=p.kd_weight_decay)
+        optimizer = torch.optim.SGD(
+            student.parameters(), lr=p.kd_lr, momentum=p.kd_momentum, weight_decay=p.kd_weight_decay
+        )
         if state.get("kd_optimizer") is not None:
             optimizer.load_state_dict(state["kd_optimizer"])
         return student, optimizer
@@ -285,11 +309,21 @@ class DataFreeDistillation(OneShot):
     def new_images(self, state, teachers, student, ctx: Context, round_index: int) -> dict[str, float]:
         """Add one synthesis to the pool (in `state`); returns the scalars to log."""
         p = self.params
-        result = synthesize(self.generator(ctx), teachers, self.ensemble(state, teachers), student,
-                            self.generator_objective(state), self.to_input(ctx), num_classes=ctx.num_classes,
-                            steps=p.generator_steps, batch=p.synthesis_batch, lr=p.generator_lr,
-                            bn_weight=self.bn_weight(), seed=derive_seed(self.config.seed, SERVER, round_index),
-                            augment=p.augment)
+        result = synthesize(
+            self.generator(ctx),
+            teachers,
+            self.ensemble(state, teachers),
+            student,
+            self.generator_objective(state),
+            self.to_input(ctx),
+            num_classes=ctx.num_classes,
+            steps=p.generator_steps,
+            batch=p.synthesis_batch,
+            lr=p.generator_lr,
+            bn_weight=self.bn_weight(),
+            seed=derive_seed(self.config.seed, SERVER, round_index),
+            augment=p.augment,
+        )
         state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
         return {"generator_loss": result.loss, "bn_loss": result.bn_loss}
 
@@ -300,10 +334,19 @@ class DataFreeDistillation(OneShot):
         scalars = self.new_images(state, teachers, student, ctx, round_index)
         state = self.before_distillation(state, teachers, ctx, epoch)
         g = torch_generator(self.config.seed, SERVER, round_index, "distill")
-        stats = distill_epoch(student, optimizer, state["pool_x"], state["pool_y"], self.ensemble(state, teachers),
-                              self.distillation_loss(state), self.to_input(ctx), batch=self.params.kd_batch,
-                              generator=g, augment=self.params.augment,
-                              perturb=self.perturbation(state, teachers, ctx, g))
+        stats = distill_epoch(
+            student,
+            optimizer,
+            state["pool_x"],
+            state["pool_y"],
+            self.ensemble(state, teachers),
+            self.distillation_loss(state),
+            self.to_input(ctx),
+            batch=self.params.kd_batch,
+            generator=g,
+            augment=self.params.augment,
+            perturb=self.perturbation(state, teachers, ctx, g),
+        )
         for name, value in {**scalars, "distill_loss": stats.mean_loss, "pool_images": len(state["pool_y"])}.items():
             ctx.log.scalar(name, value)
         state["weights"] = module_weights(student)

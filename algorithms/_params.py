@@ -1,7 +1,8 @@
 """Small helpers the FedAvg family shares: named parameters as tensors, BN keys."""
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

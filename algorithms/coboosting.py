@@ -15,6 +15,7 @@ shares one distillation optimiser (kd_*), so that the comparison changes one thi
 The learned weights are in summary.json (`ensemble_weights`). ODS's eta is in pixel units, so it
 is divided by the data's standard deviation to act on normalised inputs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,9 +38,9 @@ class CoBoosting(DataFreeDistillation):
         hard_sample_power: float = 1.0  # hs
         adv_weight: float = 1.0
         bn_weight: float = 0.0
-        mu: float = 0.01                # ensemble-weight step
+        mu: float = 0.01  # ensemble-weight step
         weight_decay_rate: float = 0.99  # wdc: the step's decay per epoch
-        ods_eta: float = 8 / 255        # ODS step, in pixel units
+        ods_eta: float = 8 / 255  # ODS step, in pixel units
         temperature: float = 4.0
 
     def after_client_stage(self, state, round_index, ctx):
@@ -54,9 +55,10 @@ class CoBoosting(DataFreeDistillation):
 
     def generator_objective(self, state):
         p = self.params
-        return lambda teacher, student, y: (hard_sample_cross_entropy(teacher, y, p.hard_sample_power)
-                                            + p.adv_weight * adversarial_loss(student, teacher, masked=False,
-                                                                              temperature=3.0))
+        return lambda teacher, student, y: (
+            hard_sample_cross_entropy(teacher, y, p.hard_sample_power)
+            + p.adv_weight * adversarial_loss(student, teacher, masked=False, temperature=3.0)
+        )
 
     def distillation_loss(self, state):
         return lambda student, teacher, y: distillation_loss(student, teacher, self.params.temperature)
@@ -70,10 +72,10 @@ class CoBoosting(DataFreeDistillation):
         x_all = torch.from_numpy(state["pool_x"]).to(ctx.device)
         y_all = torch.from_numpy(state["pool_y"]).to(ctx.device)
         for start in range(0, len(y_all), p.kd_batch):
-            x = to_input(x_all[start:start + p.kd_batch].float() / 255.0)
+            x = to_input(x_all[start : start + p.kd_batch].float() / 255.0)
             with torch.no_grad():
                 logits = self.stacked_logits(teachers, x)
-            loss = F.cross_entropy(weighted_logits(logits, w), y_all[start:start + p.kd_batch], reduction="sum")
+            loss = F.cross_entropy(weighted_logits(logits, w), y_all[start : start + p.kd_batch], reduction="sum")
             loss.backward()
         step = p.mu * p.weight_decay_rate ** (epoch - 1)
         initial = state["initial_weights"]

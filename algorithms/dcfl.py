@@ -38,6 +38,7 @@ every training batch (Alg. 2 lines 8 and 20; off for Table IV). Condensation mat
 `match_gamma` w_global + (1 - match_gamma) w_random (raysim.condense.models.resample_model):
 0 = DM's fresh random network each step (the default: DCFL cites DM), 1 = the received model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,42 +68,50 @@ BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
 @dataclass
 class DCFLParams(CondensationParams):
     ipc: int = 10
-    image_momentum: float = 0.5      # DM's
-    server_epochs: int = 200         # pre-training ServerUpdate (the paper gives no settings)
+    image_momentum: float = 0.5  # DM's
+    server_epochs: int = 200  # pre-training ServerUpdate (the paper gives no settings)
     server_lr: float = 0.01
     base: str = "fedavg"
-    mu: float | None = None          # FedProx
-    a: float | None = None           # FedDisco
-    b: float | None = None           # FedDisco
-    pretrain_rounds: int = 1         # M
+    mu: float | None = None  # FedProx
+    a: float | None = None  # FedDisco
+    b: float | None = None  # FedDisco
+    pretrain_rounds: int = 1  # M
     pretrain_fraction: float = 0.25  # C_pre
-    selection: str = "cka"           # cka (eq. 4) | random (Table IV)
-    epsilon: float = 0.5             # fraction of a round's clients chosen by exploitation
-    complement: str = "low"          # which CKA neighbours make a client's group: low | high
-    group_size: int = 0              # 0: participants per round - 1
-    filter_ratio: float = 0.0        # r
+    selection: str = "cka"  # cka (eq. 4) | random (Table IV)
+    epsilon: float = 0.5  # fraction of a round's clients chosen by exploitation
+    complement: str = "low"  # which CKA neighbours make a client's group: low | high
+    group_size: int = 0  # 0: participants per round - 1
+    filter_ratio: float = 0.0  # r
     use_condensed: str = "finetune"  # none | mix | finetune
-    finetune_epochs: int = 1         # E_s
-    finetune_lr: float = 0.001       # eta_s
-    finetune_batch: int = 32         # B_s
-    train_dsa: bool = True           # DSA on the clients' training batches
-    match_gamma: float = 0.0         # 0: DM's random networks; 1: the received global model
+    finetune_epochs: int = 1  # E_s
+    finetune_lr: float = 0.001  # eta_s
+    finetune_batch: int = 32  # B_s
+    train_dsa: bool = True  # DSA on the clients' training batches
+    match_gamma: float = 0.0  # 0: DM's random networks; 1: the received global model
 
     def validate(self):
         CondensationParams.validate(self)
-        choices = {"base": BASES, "selection": ("cka", "random"), "complement": ("low", "high"),
-                   "use_condensed": ("none", "mix", "finetune")}
+        choices = {
+            "base": BASES,
+            "selection": ("cka", "random"),
+            "complement": ("low", "high"),
+            "use_condensed": ("none", "mix", "finetune"),
+        }
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise RaysimError(f"algorithm.{key} must be one of {', '.join(allowed)}, got '{getattr(self, key)}'")
         own = {f.name for f in fields(algorithm_class(self.base).Params)}
         foreign = [k for k in BASE_PARAMS if getattr(self, k) is not None and k not in own]
         if foreign:
-            raise RaysimError(f"algorithm.{foreign[0]} is not a parameter of base '{self.base}': remove it "
-                              f"or set algorithm.base to the algorithm it belongs to")
+            raise RaysimError(
+                f"algorithm.{foreign[0]} is not a parameter of base '{self.base}': remove it "
+                f"or set algorithm.base to the algorithm it belongs to"
+            )
         if not 0 <= self.epsilon <= 1 or not 0 <= self.filter_ratio < 1 or not 0 < self.pretrain_fraction <= 1:
-            raise RaysimError("algorithm.epsilon must be in [0, 1], algorithm.filter_ratio in [0, 1) and "
-                              "algorithm.pretrain_fraction in (0, 1]")
+            raise RaysimError(
+                "algorithm.epsilon must be in [0, 1], algorithm.filter_ratio in [0, 1) and "
+                "algorithm.pretrain_fraction in (0, 1]"
+            )
         for key in ("pretrain_rounds", "group_size", "finetune_epochs"):
             if getattr(self, key) < 0:
                 raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
@@ -157,20 +166,30 @@ class DCFL(Algorithm):
     @classmethod
     def check_config(cls, config, params) -> None:
         if config.rounds <= params.pretrain_rounds:
-            raise RaysimError(f"rounds={config.rounds} leaves no training round after "
-                              f"algorithm.pretrain_rounds={params.pretrain_rounds}: raise rounds or lower it")
+            raise RaysimError(
+                f"rounds={config.rounds} leaves no training round after "
+                f"algorithm.pretrain_rounds={params.pretrain_rounds}: raise rounds or lower it"
+            )
 
     @classmethod
     def check_models(cls, spec) -> None:
         if not isinstance(getattr(spec.build(), "classifier", None), torch.nn.Linear):
-            raise RaysimError(f"dcfl compares clients by their classifier weights, and model '{spec.config.model.name}' "
-                              "has no final linear layer named `classifier`: expose it as model.classifier")
+            raise RaysimError(
+                f"dcfl compares clients by their classifier weights, and model '{spec.config.model.name}' "
+                "has no final linear layer named `classifier`: expose it as model.classifier"
+            )
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
         k = self.config.clients.num
-        return {"weights": module_weights(model), "seen": [], "classifiers": {}, "pool": {},
-                "cka": np.full((k, k), np.nan), "pool_loss": {}}
+        return {
+            "weights": module_weights(model),
+            "seen": [],
+            "classifiers": {},
+            "pool": {},
+            "cka": np.full((k, k), np.nan),
+            "pool_loss": {},
+        }
 
     def pretraining(self, round_index: int) -> bool:
         return round_index <= self.params.pretrain_rounds
@@ -190,8 +209,10 @@ class DCFL(Algorithm):
         exploit = max(exploit, n - len(unseen))  # too few unseen clients: exploit the rest
         chosen = []
         if exploit:
-            chosen += [int(k) for k in rng.choice(seen, size=exploit, replace=False,
-                                                  p=exploit_probabilities(state["cka"], seen))]
+            chosen += [
+                int(k)
+                for k in rng.choice(seen, size=exploit, replace=False, p=exploit_probabilities(state["cka"], seen))
+            ]
         if n - exploit:
             chosen += [int(k) for k in rng.choice(unseen, size=n - exploit, replace=False)]
         return sorted(chosen)
@@ -225,8 +246,13 @@ class DCFL(Algorithm):
         return {"extra_images": x, "extra_labels": y}
 
     def server_update(self, state, replies: list[Reply], round_index, ctx):
-        state = {**state, "seen": list(state["seen"]), "pool": dict(state["pool"]),
-                 "classifiers": dict(state["classifiers"]), "cka": state["cka"].copy()}
+        state = {
+            **state,
+            "seen": list(state["seen"]),
+            "pool": dict(state["pool"]),
+            "classifiers": dict(state["classifiers"]),
+            "cka": state["cka"].copy(),
+        }
         for r in replies:
             if "images" in r.message:
                 state["pool"][r.client] = {"images": r.message["images"], "classes": r.message["classes"]}
@@ -244,7 +270,9 @@ class DCFL(Algorithm):
         seen = state["seen"]
         if len(seen) > 1:
             block = state["cka"][np.ix_(seen, seen)]
-            ctx.log.scalar("cka_mean_off_diagonal", float((np.nansum(block) - len(seen)) / (len(seen) ** 2 - len(seen))))
+            ctx.log.scalar(
+                "cka_mean_off_diagonal", float((np.nansum(block) - len(seen)) / (len(seen) ** 2 - len(seen)))
+            )
         ctx.log.scalar("clients_seen", len(seen))
         return state
 
@@ -261,9 +289,17 @@ class DCFL(Algorithm):
         x, y = to_images(x, ctx), torch.as_tensor(y, device=ctx.device)
         model = ctx.model("server")
         load_weights(model, state["weights"])
-        train_on_synthetic(model, x, y, p.server_epochs, p.server_batch, p.server_lr, p.server_momentum,
-                           torch_generator(self.config.seed, SERVER, round_index),
-                           augment=DSA(per_image=True) if p.server_dsa else None)
+        train_on_synthetic(
+            model,
+            x,
+            y,
+            p.server_epochs,
+            p.server_batch,
+            p.server_lr,
+            p.server_momentum,
+            torch_generator(self.config.seed, SERVER, round_index),
+            augment=DSA(per_image=True) if p.server_dsa else None,
+        )
         return module_weights(model)
 
     def pool_losses(self, state, ctx) -> dict[int, np.ndarray]:
@@ -294,15 +330,33 @@ class DCFL(Algorithm):
         x, y = client.x, client.y
         if p.use_condensed == "mix" and extra_y is not None:
             x, y = torch.cat([x, extra_x]), torch.cat([y, extra_y])
-        stats = train(model, x, y, epochs=local.epochs, batch_size=local.batch_size,
-                      optimizer=make_optimizer(model.parameters(), local), generator=client.generator,
-                      loss_fn=loss_fn, augment=augment, grad_hook=hook)
+        stats = train(
+            model,
+            x,
+            y,
+            epochs=local.epochs,
+            batch_size=local.batch_size,
+            optimizer=make_optimizer(model.parameters(), local),
+            generator=client.generator,
+            loss_fn=loss_fn,
+            augment=augment,
+            grad_hook=hook,
+        )
         steps = stats.steps
         if p.use_condensed == "finetune" and extra_y is not None:
             tune = torch.optim.SGD(model.parameters(), lr=p.finetune_lr, momentum=local.momentum)
-            steps += train(model, extra_x, extra_y, epochs=p.finetune_epochs, batch_size=p.finetune_batch,
-                           optimizer=tune, generator=client.generator, loss_fn=loss_fn, augment=augment,
-                           grad_hook=hook).steps
+            steps += train(
+                model,
+                extra_x,
+                extra_y,
+                epochs=p.finetune_epochs,
+                batch_size=p.finetune_batch,
+                optimizer=tune,
+                generator=client.generator,
+                loss_fn=loss_fn,
+                augment=augment,
+                grad_hook=hook,
+            ).steps
         client.metrics["train_loss"] = stats.mean_loss
         client.metrics["local_steps"] = steps
         received = len(payload["extra_labels"]) if "extra_labels" in payload else 0
@@ -311,8 +365,9 @@ class DCFL(Algorithm):
         if received:
             counts += np.bincount(np.asarray(payload["extra_labels"]), minlength=len(counts))
         message["weights"] = module_weights(model)
-        message.update(self.base.after_training(model, payload, dataclasses.replace(client, label_counts=counts),
-                                                ctx, steps))
+        message.update(
+            self.base.after_training(model, payload, dataclasses.replace(client, label_counts=counts), ctx, steps)
+        )
         message["data_size"] = np.int64(client.num_samples + received)
         return message
 

@@ -11,6 +11,7 @@ Defaults are the authors' README command (bn 1, oh 1, adv 1, T 20, generator lr 
 batch 256); their server lr is 0.005 there, while FedHydra's comparison uses the shared kd_lr 0.01,
 which this module inherits so that every method distils with the same optimiser.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ class Dense(DataFreeDistillation):
 
     def generator_objective(self, state):
         p = self.params
-        return lambda teacher, student, y: (p.ce_weight * F.cross_entropy(teacher, y)
-                                            + p.adv_weight * adversarial_loss(student, teacher, masked=True))
+        return lambda teacher, student, y: (
+            p.ce_weight * F.cross_entropy(teacher, y) + p.adv_weight * adversarial_loss(student, teacher, masked=True)
+        )
 
     def distillation_loss(self, state):
         return lambda student, teacher, y: distillation_loss(student, teacher, self.params.temperature)

@@ -28,6 +28,7 @@ noise of the same size, each at its best of a few step sizes (the server holds n
 the real subset comes from the test split; real and noise images carry hard labels, ipc per class
 for the noise), and the test accuracy of a model trained from scratch on D_syn alone.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,8 +39,8 @@ import torch
 
 from algorithms.fedavg import FedAvg
 from raysim.condense.augment import DSA
-from raysim.condense.trajectory import classifier_names, distance_after_training, synthesize
 from raysim.condense.synthetic import to_pixels
+from raysim.condense.trajectory import classifier_names, distance_after_training, synthesize
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
@@ -68,46 +69,58 @@ class DynaFed(FedAvg):
 
     @dataclass
     class Params:
-        trajectory_rounds: int = 20   # L: rounds whose global models form the trajectory
-        horizon: int = 5              # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
-        inner_steps: int = 20         # s': unrolled SGD steps on D_syn
-        target_average: int = 2       # checkpoints averaged into the target (paper: 2)
-        target_average_max: int = 2   # draw their number from [target_average, this] (authors' code: 3)
-        ipc: int = 15                 # synthetic images per class (|D_syn| = ipc x classes)
-        iterations: int = 3000        # N: synthesis iterations
-        syn_batch: int = 0            # images per unrolled step; 0: all of D_syn (authors' code)
-        image_lr: float = 0.05        # Adam
-        label_lr: float = 0.01        # Adam
-        label_init: float = 0.0       # initial logit of each image's own class (0: equal probabilities)
-        step_size: float = 0.04       # initial learnable inner step size
-        step_size_lr: float = 1e-5    # Adam on the step size itself
-        dsa: bool = True              # augment inner batches and fine-tuning batches
+        trajectory_rounds: int = 20  # L: rounds whose global models form the trajectory
+        horizon: int = 5  # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
+        inner_steps: int = 20  # s': unrolled SGD steps on D_syn
+        target_average: int = 2  # checkpoints averaged into the target (paper: 2)
+        target_average_max: int = 2  # draw their number from [target_average, this] (authors' code: 3)
+        ipc: int = 15  # synthetic images per class (|D_syn| = ipc x classes)
+        iterations: int = 3000  # N: synthesis iterations
+        syn_batch: int = 0  # images per unrolled step; 0: all of D_syn (authors' code)
+        image_lr: float = 0.05  # Adam
+        label_lr: float = 0.01  # Adam
+        label_init: float = 0.0  # initial logit of each image's own class (0: equal probabilities)
+        step_size: float = 0.04  # initial learnable inner step size
+        step_size_lr: float = 1e-5  # Adam on the step size itself
+        dsa: bool = True  # augment inner batches and fine-tuning batches
         # Measure distances blind to a shift shared by all classifier rows, which changes no prediction and
         # which SGD cannot produce (see normalised_distance); false: plain Euclidean, as the authors' code.
         shift_invariant: bool = True
         finetune_epochs: int = 20
         finetune_batch: int = 256
-        finetune_lr: float = 1e-4     # Adam
+        finetune_lr: float = 1e-4  # Adam
         # Fine-tuning leaves batch norm's running statistics as aggregated from the clients' real data:
         # D_syn's own statistics are not the data's (the authors' code re-estimates them on D_syn: false).
         finetune_keeps_bn_statistics: bool = True
-        diagnostics: bool = True      # Figure 6 distances and the D_syn-only accuracy, once at round L
+        diagnostics: bool = True  # Figure 6 distances and the D_syn-only accuracy, once at round L
         diagnostic_segments: int = 10
         syn_only_epochs: int = 300
 
         def validate(self):
-            for name in ("trajectory_rounds", "horizon", "inner_steps", "target_average", "ipc", "iterations",
-                         "finetune_batch", "diagnostic_segments"):
+            for name in (
+                "trajectory_rounds",
+                "horizon",
+                "inner_steps",
+                "target_average",
+                "ipc",
+                "iterations",
+                "finetune_batch",
+                "diagnostic_segments",
+            ):
                 if getattr(self, name) < 1:
                     raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
             if self.syn_batch < 0:
                 raise RaysimError(f"algorithm.syn_batch must be >= 0 (0: all of D_syn), got {self.syn_batch}")
             if self.target_average_max < self.target_average:
-                raise RaysimError(f"algorithm.target_average_max ({self.target_average_max}) must be >= "
-                                  f"algorithm.target_average ({self.target_average})")
+                raise RaysimError(
+                    f"algorithm.target_average_max ({self.target_average_max}) must be >= "
+                    f"algorithm.target_average ({self.target_average})"
+                )
             if self.horizon >= self.trajectory_rounds + 1:
-                raise RaysimError(f"algorithm.horizon (s={self.horizon}) must be smaller than the trajectory's "
-                                  f"{self.trajectory_rounds + 1} checkpoints: raise algorithm.trajectory_rounds")
+                raise RaysimError(
+                    f"algorithm.horizon (s={self.horizon}) must be smaller than the trajectory's "
+                    f"{self.trajectory_rounds + 1} checkpoints: raise algorithm.trajectory_rounds"
+                )
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
@@ -126,9 +139,17 @@ class DynaFed(FedAvg):
             model = ctx.model("server")
             load_weights(model, state["weights"])
             x, labels = self.synthetic(state, ctx)
-            train_soft_labels(model, x, labels, p.finetune_epochs, p.finetune_batch, p.finetune_lr,
-                              torch_generator(self.config.seed, SERVER, round_index), augmentation(p.dsa),
-                              keep_bn_statistics=p.finetune_keeps_bn_statistics)
+            train_soft_labels(
+                model,
+                x,
+                labels,
+                p.finetune_epochs,
+                p.finetune_batch,
+                p.finetune_lr,
+                torch_generator(self.config.seed, SERVER, round_index),
+                augmentation(p.dsa),
+                keep_bn_statistics=p.finetune_keeps_bn_statistics,
+            )
             state["weights"] = module_weights(model)
         if "syn_x" in state:
             self.show_synthetic(state, ctx)
@@ -148,13 +169,32 @@ class DynaFed(FedAvg):
         augment = augmentation(p.dsa)
         started = time.perf_counter()
         x, y, step, losses = synthesize(
-            ctx.model("synth"), trajectory, images, labels, iterations=p.iterations, inner_steps=p.inner_steps,
-            horizon=p.horizon, target_average=p.target_average, batch_size=p.syn_batch, image_lr=p.image_lr,
-            label_lr=p.label_lr, step_size=p.step_size, step_size_lr=p.step_size_lr, generator=g, augment=augment,
-            shift_free=self.shift_free(ctx), target_average_max=p.target_average_max)
-        out = {"syn_x": x.cpu().numpy(), "syn_labels": y.cpu().numpy(), "syn_step_size": step,
-               "syn_loss_first": float(np.mean(losses[:10])), "syn_loss_last": float(np.mean(losses[-10:])),
-               "syn_time_s": time.perf_counter() - started}
+            ctx.model("synth"),
+            trajectory,
+            images,
+            labels,
+            iterations=p.iterations,
+            inner_steps=p.inner_steps,
+            horizon=p.horizon,
+            target_average=p.target_average,
+            batch_size=p.syn_batch,
+            image_lr=p.image_lr,
+            label_lr=p.label_lr,
+            step_size=p.step_size,
+            step_size_lr=p.step_size_lr,
+            generator=g,
+            augment=augment,
+            shift_free=self.shift_free(ctx),
+            target_average_max=p.target_average_max,
+        )
+        out = {
+            "syn_x": x.cpu().numpy(),
+            "syn_labels": y.cpu().numpy(),
+            "syn_step_size": step,
+            "syn_loss_first": float(np.mean(losses[:10])),
+            "syn_loss_last": float(np.mean(losses[-10:])),
+            "syn_time_s": time.perf_counter() - started,
+        }
         if p.diagnostics:
             out["diagnostics"] = self.diagnose(trajectory, x, y, step, ctx)
         return out
@@ -167,7 +207,7 @@ class DynaFed(FedAvg):
         p = self.params
         augment = augmentation(p.dsa)
         g = torch_generator(self.config.seed, SERVER, "dynafed-diagnostics")
-        pick = torch.randperm(len(ctx.test_y), generator=g)[:len(x)].to(ctx.device)
+        pick = torch.randperm(len(ctx.test_y), generator=g)[: len(x)].to(ctx.device)
         real_x = ctx.test_x[pick]
         real_labels = torch.nn.functional.one_hot(ctx.test_y[pick], ctx.num_classes).float() * HARD_LABEL_LOGIT
         # Noise pixels carry labels like the real subset's (hard, ipc per class), so the two differ in
@@ -178,19 +218,45 @@ class DynaFed(FedAvg):
         def distance(images, labels):
             # Each set at the step size that serves it best (same segments for every set and step):
             # hard-labelled real images overshoot at D_syn's learned step, which would flatter D_syn.
-            return min(distance_after_training(
-                ctx.model("synth"), trajectory, images, labels, inner_steps=p.inner_steps, horizon=p.horizon,
-                target_average=p.target_average, batch_size=p.syn_batch, step_size=step * fraction,
-                segments=p.diagnostic_segments, generator=torch_generator(self.config.seed, SERVER, "dynafed-segments"),
-                augment=augment, shift_free=self.shift_free(ctx), target_average_max=p.target_average_max)
-                for fraction in DIAGNOSTIC_STEP_FRACTIONS)
+            return min(
+                distance_after_training(
+                    ctx.model("synth"),
+                    trajectory,
+                    images,
+                    labels,
+                    inner_steps=p.inner_steps,
+                    horizon=p.horizon,
+                    target_average=p.target_average,
+                    batch_size=p.syn_batch,
+                    step_size=step * fraction,
+                    segments=p.diagnostic_segments,
+                    generator=torch_generator(self.config.seed, SERVER, "dynafed-segments"),
+                    augment=augment,
+                    shift_free=self.shift_free(ctx),
+                    target_average_max=p.target_average_max,
+                )
+                for fraction in DIAGNOSTIC_STEP_FRACTIONS
+            )
 
         fresh = ctx.spec.initial_model(device=ctx.device)
-        train_soft_labels(fresh, x, y, p.syn_only_epochs, p.finetune_batch, 1e-3, torch_generator(self.config.seed, SERVER, "dynafed-syn-only"), augment)
+        train_soft_labels(
+            fresh,
+            x,
+            y,
+            p.syn_only_epochs,
+            p.finetune_batch,
+            1e-3,
+            torch_generator(self.config.seed, SERVER, "dynafed-syn-only"),
+            augment,
+        )
         with torch.no_grad():
             accuracy, _ = evaluate(fresh, ctx.test_x, ctx.test_y)
-        return {"syn_distance": distance(x, y), "real_distance": distance(real_x, real_labels),
-                "noise_distance": distance(noise_x, noise_labels), "syn_only_accuracy": accuracy}
+        return {
+            "syn_distance": distance(x, y),
+            "real_distance": distance(real_x, real_labels),
+            "noise_distance": distance(noise_x, noise_labels),
+            "syn_only_accuracy": accuracy,
+        }
 
     def summary_extras(self, state):
         extras = dict(state.get("diagnostics", {}))
@@ -201,5 +267,9 @@ class DynaFed(FedAvg):
     def show_synthetic(self, state, ctx) -> None:
         c, ipc = ctx.num_classes, self.params.ipc
         per_row = min(ipc, PREVIEW_PER_CLASS)
-        x = state["syn_x"].reshape(c, ipc, *state["syn_x"].shape[1:])[:, :per_row].reshape(-1, *state["syn_x"].shape[1:])
+        x = (
+            state["syn_x"]
+            .reshape(c, ipc, *state["syn_x"].shape[1:])[:, :per_row]
+            .reshape(-1, *state["syn_x"].shape[1:])
+        )
         ctx.log.image_grid("dynafed/synthetic_images", to_pixels(torch.from_numpy(x), ctx.mean, ctx.std), per_row)

@@ -34,6 +34,7 @@ Choices where the paper is silent (documented here and in the closing note):
     with DSA drawn per image, as DM's evaluation does.
 Ablations: without CDC lambda_loc = 0, without LGKM lambda_glob = 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,11 +57,11 @@ class FedAF(CondensedDataAlgorithm):
 
     @dataclass
     class Params(CondensationParams):
-        init: str = "average"       # class-wise averages of random real images
-        gamma: float = 0.9          # model re-sampling coefficient (eq. 17)
-        lambda_loc: float = 1e-4    # CDC weight (eq. 10); 0 = "without CDC"
-        lambda_glob: float = 1e-2   # LGKM weight (eq. 14); 0 = "without LGKM"
-        temperature: float = 2.0    # tau of eq. 11 and 13
+        init: str = "average"  # class-wise averages of random real images
+        gamma: float = 0.9  # model re-sampling coefficient (eq. 17)
+        lambda_loc: float = 1e-4  # CDC weight (eq. 10); 0 = "without CDC"
+        lambda_glob: float = 1e-2  # LGKM weight (eq. 14); 0 = "without LGKM"
+        temperature: float = 2.0  # tau of eq. 11 and 13
         swd_projections: int = 64
         # How F(u_{k,c}, v_c) of eq. 10 reduces the sliced distance (see raysim/condense/wasserstein.py):
         # "sum_squared": squared gaps summed over the projections; "root_mean": SWD_2 (POT's convention).
@@ -86,8 +87,9 @@ class FedAF(CondensedDataAlgorithm):
     def server_init(self, model, ctx):
         c = ctx.num_classes
         state = super().server_init(model, ctx)
-        state.update({"logits": np.zeros((c, c), np.float32), "soft": np.zeros((c, c), np.float32),
-                      "known": np.zeros(c, bool)})
+        state.update(
+            {"logits": np.zeros((c, c), np.float32), "soft": np.zeros((c, c), np.float32), "known": np.zeros(c, bool)}
+        )
         return state
 
     def broadcast(self, state, round_index, participants):
@@ -104,8 +106,9 @@ class FedAF(CondensedDataAlgorithm):
                 holders[cls] += 1
         known = holders > 0
         safe = np.maximum(holders, 1)[:, None]
-        state.update({"logits": (sums / safe).astype(np.float32), "soft": (soft / safe).astype(np.float32),
-                      "known": known})
+        state.update(
+            {"logits": (sums / safe).astype(np.float32), "soft": (soft / safe).astype(np.float32), "known": known}
+        )
         return state
 
     def server_extra_loss(self, state, ctx):
@@ -118,9 +121,11 @@ class FedAF(CondensedDataAlgorithm):
         def loss(model, xb, yb, logits):
             present = torch.unique(yb)
             sums = torch.zeros(len(present), logits.shape[1], device=logits.device).index_add_(
-                0, torch.searchsorted(present, yb), logits)
+                0, torch.searchsorted(present, yb), logits
+            )
             t = soft_labels(sums / torch.bincount(yb)[present].unsqueeze(1), tau)
             return lam * symmetric_kl(r[present], t)
+
         return loss
 
     # ------------------------------------------------------------- client
@@ -168,6 +173,7 @@ class FedAF(CondensedDataAlgorithm):
         total = 0.0
         for j in range(len(known)):
             local = logits[j] if p.cdc_points == "per_image" else logits[j].mean(0, keepdim=True)
-            total = total + sliced_wasserstein(local, v[j:j + 1], p.swd_projections, g, squared=squared,
-                                               over_projections=over)
+            total = total + sliced_wasserstein(
+                local, v[j : j + 1], p.swd_projections, g, squared=squared, over_projections=over
+            )
         return p.lambda_loc * total

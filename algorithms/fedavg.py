@@ -5,6 +5,7 @@ The other aggregate-then-adapt algorithms subclass this and override one hook ea
 `extra_message`/`after_training` (what else a client sends or keeps), and
 `aggregate` (how the server combines replies).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import torch
 
 from raysim.algorithm import Algorithm, ClientData, Context, Reply
 from raysim.tensors import load_weights, module_weights, weighted_average
-from raysim.training import LossFn, GradHook, cross_entropy_loss, local_train
+from raysim.training import GradHook, LossFn, cross_entropy_loss, local_train
 
 
 class FedAvg(Algorithm):
@@ -42,9 +43,16 @@ class FedAvg(Algorithm):
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
         model = ctx.model()
         self.load_global(model, payload, client)
-        steps, loss = local_train(model, client.x, client.y, self.config.local, client.generator,
-                                  loss_fn=self.local_loss(payload, client, ctx),
-                                  grad_hook=self.grad_hook(payload, client, ctx), client_state=client.state)
+        steps, loss = local_train(
+            model,
+            client.x,
+            client.y,
+            self.config.local,
+            client.generator,
+            loss_fn=self.local_loss(payload, client, ctx),
+            grad_hook=self.grad_hook(payload, client, ctx),
+            client_state=client.state,
+        )
         client.metrics["train_loss"] = loss
         client.metrics["local_steps"] = steps
         message = {"weights": module_weights(model)}

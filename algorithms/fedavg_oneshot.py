@@ -5,6 +5,7 @@ from the common initial weights for local.epochs and uploads it once; the server
 (McMahan et al., 2017, in one round). Distillation rounds leave the average as it is; with
 global_rounds T > 1 clients restart from the average each round (FedHydra's Table 5).
 """
+
 from __future__ import annotations
 
 from algorithms._oneshot import OneShot

@@ -6,6 +6,7 @@ split, clients also upload their BN layers (a few KB, counted in bytes_up) and
 the server evaluates with their average; this average is never sent back.
 Without BN layers in the model, FedBN is FedAvg.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -14,6 +14,7 @@ generator; FedHydra's paper does not say which it gave FedDF. `distill_source` c
   size and channels, e.g. MNIST for Fashion-MNIST), labels ignored; `pool_size` (if > 0) images
   drawn once, otherwise all of them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ class FedDF(DataFreeDistillation):
     @dataclass
     class Params(OneShotParams):
         distill_source: str = "generator"  # generator | dataset
-        distill_dataset: str = ""          # with distill_source=dataset: its name (e.g. mnist) ...
-        distill_root: str = ""             # ... and folder
+        distill_dataset: str = ""  # with distill_source=dataset: its name (e.g. mnist) ...
+        distill_root: str = ""  # ... and folder
         temperature: float = 1.0
 
         def validate(self) -> None:
@@ -45,8 +46,10 @@ class FedDF(DataFreeDistillation):
             if self.distill_source not in ("generator", "dataset"):
                 raise RaysimError(f"algorithm.distill_source must be generator or dataset, got '{self.distill_source}'")
             if self.distill_source == "dataset" and not (self.distill_dataset and self.distill_root):
-                raise RaysimError("algorithm.distill_source=dataset needs algorithm.distill_dataset (e.g. mnist) "
-                                  "and algorithm.distill_root (its folder)")
+                raise RaysimError(
+                    "algorithm.distill_source=dataset needs algorithm.distill_dataset (e.g. mnist) "
+                    "and algorithm.distill_root (its folder)"
+                )
 
     def distillation_loss(self, state):
         return lambda student, teacher, y: distillation_loss(student, teacher, self.params.temperature)
@@ -63,8 +66,9 @@ class FedDF(DataFreeDistillation):
         z = torch.randn(p.synthesis_batch, p.nz, generator=torch.Generator().manual_seed(seed)).to(ctx.device)
         with torch.no_grad():
             pixels = generator(z)
-        result = SynthesisResult((pixels * 255).round().to(torch.uint8).cpu().numpy(),
-                                 np.zeros(p.synthesis_batch, dtype=np.int64), 0.0, 0.0)
+        result = SynthesisResult(
+            (pixels * 255).round().to(torch.uint8).cpu().numpy(), np.zeros(p.synthesis_batch, dtype=np.int64), 0.0, 0.0
+        )
         state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
         return {}
 
@@ -76,9 +80,11 @@ class FedDF(DataFreeDistillation):
         x = np.asarray(data.train_x)  # (N, H, W, C) uint8
         spec = ctx.spec
         if x.shape[1:] != (spec.image_size, spec.image_size, spec.in_channels):
-            raise RaysimError(f"algorithm.distill_dataset={p.distill_dataset} has images of shape {x.shape[1:]}, "
-                              f"the run's are {(spec.image_size, spec.image_size, spec.in_channels)}: choose a dataset "
-                              "of the same size and channels")
+            raise RaysimError(
+                f"algorithm.distill_dataset={p.distill_dataset} has images of shape {x.shape[1:]}, "
+                f"the run's are {(spec.image_size, spec.image_size, spec.in_channels)}: choose a dataset "
+                "of the same size and channels"
+            )
         if p.pool_size and p.pool_size < len(x):
             x = x[np.sort(numpy_rng(self.config.seed, SERVER, "feddf").choice(len(x), p.pool_size, replace=False))]
         return np.ascontiguousarray(x.transpose(0, 3, 1, 2))

@@ -7,6 +7,7 @@ over the round's participants (so a and b keep their meaning whatever the
 number of clients); without it a = 0.5 zeroes every strongly skewed client.
 Clients send their label counts with the model (float32, counted in bytes_up).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -11,6 +11,7 @@ condensation code: SGD momentum 0.9 (App. A; DM's code uses 0.5) and initialisat
 class-wise averages of random real images (Sec. 5.1), so those are the defaults here (random weights
 keep the averages distinct, see raysim.condense.synthetic.init_synthetic).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,8 @@ class FedDM(CondensedDataAlgorithm):
     class Params(CondensationParams):
         image_momentum: float = 0.9
         init: str = "average"
-        rho: float = 5.0          # radius of the ball models are sampled on
-        clip_grad: float = 2.0    # max norm of the image gradient (0: no clipping)
+        rho: float = 5.0  # radius of the ball models are sampled on
+        clip_grad: float = 2.0  # max norm of the image gradient (0: no clipping)
 
         def validate(self):
             CondensationParams.validate(self)

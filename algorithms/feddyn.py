@@ -5,6 +5,7 @@ Client k minimises  L_k(w) - <g_k, w> + alpha/2 ||w - w_global||^2, then
 Server: h <- h - alpha/m sum_{k in S} (w_k - w_global);  w <- mean_{k in S} w_k - h / alpha
 (m = all clients; the mean over participants is unweighted, as in the paper).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class FedDyn(FedAvg):
         def loss_fn(model, x, y):
             linear = sum((p * g[n]).sum() for n, p in model.named_parameters())
             return cross_entropy_loss(model, x, y) - linear + 0.5 * alpha * squared_distance(model, anchor)
+
         return loss_fn
 
     def after_training(self, model, payload, client, ctx, steps):
@@ -51,7 +53,8 @@ class FedDyn(FedAvg):
         with torch.no_grad():
             client.state["grad"] = {
                 n: (g[n] - self.params.alpha * (p.detach().cpu().numpy() - payload["weights"][n])).astype(np.float32)
-                for n, p in model.named_parameters()}
+                for n, p in model.named_parameters()
+            }
         return {}
 
     def server_update(self, state, replies, round_index, ctx):

@@ -18,6 +18,7 @@ stratification generator's steps (20) and batch (256) from the authors' code. `a
 replaces SA by the average ensemble (the paper's AE, Fig. 7). `ensemble_accuracy_stratified` in
 summary.json is SA's test accuracy, read label-free (raysim.synthesis.ensemble.stratified_predict).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,8 +29,13 @@ import torch.nn.functional as F
 from algorithms._oneshot import DataFreeDistillation, OneShotParams
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed
-from raysim.synthesis.ensemble import (mean_logits, normalise_over_classes, normalise_over_clients,
-                                       stratified_logits, stratified_predict)
+from raysim.synthesis.ensemble import (
+    mean_logits,
+    normalise_over_classes,
+    normalise_over_clients,
+    stratified_logits,
+    stratified_predict,
+)
 from raysim.synthesis.losses import adversarial_loss, distillation_loss
 from raysim.synthesis.stratify import stratification_scores
 
@@ -41,10 +47,10 @@ class FedHydra(DataFreeDistillation):
 
     @dataclass
     class Params(OneShotParams):
-        lambda1: float = 1.0       # BN loss (eq. 16)
-        lambda2: float = 1.0       # adversarial loss (eq. 16)
-        beta: float = 1.0          # hard-label CE of the server model (eq. 19)
-        temperature: float = 1.0   # of the KL terms
+        lambda1: float = 1.0  # BN loss (eq. 16)
+        lambda2: float = 1.0  # adversarial loss (eq. 16)
+        beta: float = 1.0  # hard-label CE of the server model (eq. 19)
+        temperature: float = 1.0  # of the KL terms
         aggregation: str = "stratified"  # stratified (SA) | mean (AE, Fig. 7)
 
         def validate(self) -> None:
@@ -52,29 +58,42 @@ class FedHydra(DataFreeDistillation):
             if self.aggregation not in ("stratified", "mean"):
                 raise RaysimError(f"algorithm.aggregation must be stratified or mean, got '{self.aggregation}'")
             if self.stratify_steps < 2 or self.stratify_batch < 1:
-                raise RaysimError("algorithm.stratify_steps must be >= 2 (eq. 2 needs a loss curve) and "
-                                  "algorithm.stratify_batch >= 1")
+                raise RaysimError(
+                    "algorithm.stratify_steps must be >= 2 (eq. 2 needs a loss curve) and algorithm.stratify_batch >= 1"
+                )
 
     def after_client_stage(self, state, round_index, ctx):
         state = super().after_client_stage(state, round_index, ctx)
         p = self.params
         teachers = self.teachers(state, ctx)
-        u = stratification_scores(teachers, ctx.num_classes, self.generator(ctx), self.to_input(ctx),
-                                  steps=p.stratify_steps, batch=p.stratify_batch, lr=p.generator_lr,
-                                  seed_of=lambda k, j: derive_seed(self.config.seed, SERVER, round_index, k, j),
-                                  augment=p.augment)
+        u = stratification_scores(
+            teachers,
+            ctx.num_classes,
+            self.generator(ctx),
+            self.to_input(ctx),
+            steps=p.stratify_steps,
+            batch=p.stratify_batch,
+            lr=p.generator_lr,
+            seed_of=lambda k, j: derive_seed(self.config.seed, SERVER, round_index, k, j),
+            augment=p.augment,
+        )
         over_clients, over_classes = normalise_over_clients(u), normalise_over_classes(u)
         r = torch.as_tensor(over_clients, dtype=torch.float32, device=ctx.device)
         c = torch.as_tensor(over_classes, dtype=torch.float32, device=ctx.device)
         stratified = self.ensemble_accuracy(teachers, ctx, lambda logits: stratified_predict(logits, r, c))
         ctx.log.scalar("ensemble_accuracy_stratified", stratified)
         from raysim.plots import matrix_figure
-        ctx.log.figure("stratification", matrix_figure(over_classes, "U_c (rows: clients, columns: classes)",
-                                                       "class", "client"))
+
+        ctx.log.figure(
+            "stratification", matrix_figure(over_classes, "U_c (rows: clients, columns: classes)", "class", "client")
+        )
         clients = sorted(state["clients"])
-        report = {**state["report"], "ensemble_accuracy_stratified": stratified,
-                  "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
-                  "stratification_clients": clients}
+        report = {
+            **state["report"],
+            "ensemble_accuracy_stratified": stratified,
+            "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
+            "stratification_clients": clients,
+        }
         return {**state, "u": u, "over_clients": over_clients, "over_classes": over_classes, "report": report}
 
     def bn_weight(self) -> float:
@@ -90,11 +109,14 @@ class FedHydra(DataFreeDistillation):
 
     def generator_objective(self, state):
         p = self.params
-        return lambda teacher, student, y: (F.cross_entropy(teacher, y)                     # eq. 13
-                                            + p.lambda2 * adversarial_loss(student, teacher, masked=True,
-                                                                           temperature=p.temperature))  # eq. 15
+        return lambda teacher, student, y: (
+            F.cross_entropy(teacher, y)  # eq. 13
+            + p.lambda2 * adversarial_loss(student, teacher, masked=True, temperature=p.temperature)
+        )  # eq. 15
 
     def distillation_loss(self, state):
         p = self.params
-        return lambda student, teacher, y: (distillation_loss(student, teacher, p.temperature)          # eq. 17
-                                            + p.beta * F.cross_entropy(student, teacher.argmax(1)))     # eq. 18
+        return lambda student, teacher, y: (
+            distillation_loss(student, teacher, p.temperature)  # eq. 17
+            + p.beta * F.cross_entropy(student, teacher.argmax(1))
+        )  # eq. 18

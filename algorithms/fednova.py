@@ -5,6 +5,7 @@ with momentum rho over tau_i steps a_i = [tau_i - rho (1 - rho^tau_i) / (1 - rho
 (a_i = tau_i without momentum). The server steps
   w = w_global - tau_eff * sum_i p_i d_i,   tau_eff = sum_i p_i a_i,   p_i = n_i / n.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from raysim.tensors import weighted_average
 def normalised_steps(tau: int, rho: float) -> float:
     if rho == 0:
         return float(tau)
-    return (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+    return (tau - rho * (1 - rho**tau) / (1 - rho)) / (1 - rho)
 
 
 class FedNova(FedAvg):

@@ -1,8 +1,8 @@
 """FedProx (Li et al., 2020): local objective + mu/2 ||w - w_global||^2."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 
 from algorithms._params import as_tensors, param_names, squared_distance
 from algorithms.fedavg import FedAvg
@@ -29,4 +29,5 @@ class FedProx(FedAvg):
 
         def loss_fn(model, x, y):
             return cross_entropy_loss(model, x, y) + 0.5 * mu * squared_distance(model, anchor)
+
         return loss_fn

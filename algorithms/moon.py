@@ -7,6 +7,7 @@ projection head, which these models do not have). z_prev comes from the
 client's previous local model, kept as per-client state; before a client's
 first round the global model stands in for it (as in the authors' code).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Moon(FedAvg):
             logits = torch.stack([positive, negative], dim=1)
             contrastive = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long, device=x.device))
             return F.cross_entropy(model.classifier(z), y) + mu * contrastive
+
         return loss_fn
 
     def after_training(self, model, payload, client, ctx, steps):

@@ -8,6 +8,7 @@ client with the most data (the paper leaves it open; any client is a valid choic
 architecture made of plain conv/linear chains (cnn2, cnn3, lenet, mlp, convnet) and refuses
 others with one line. Distillation rounds leave the fused model as it is.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class OTFusion(OneShot):
     def check_config(cls, config, params) -> None:
         super().check_config(config, params)
         if not -1 <= params.anchor < config.clients.num:
-            raise RaysimError(f"algorithm.anchor={params.anchor} is not a client id (0..{config.clients.num - 1}): "
-                              "choose one, or -1 for the client with the most data")
+            raise RaysimError(
+                f"algorithm.anchor={params.anchor} is not a client id (0..{config.clients.num - 1}): "
+                "choose one, or -1 for the client with the most data"
+            )
 
     @classmethod
     def check_models(cls, spec) -> None:

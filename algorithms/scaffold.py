@@ -10,6 +10,7 @@ and sends (w_i, c_i+ - c_i). The server averages the models (size-weighted,
 scaled by the global lr) and moves c by |S|/N times the mean control change.
 c_i is per-client state: it stays in the client's actor between rounds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,14 +41,14 @@ class Scaffold(FedAvg):
         model = ctx.model()
         names = param_names(model)
         c = as_tensors(payload["control"], names, ctx.device)
-        c_i = as_tensors(client.state.get("control") or zeros_like_params(model),
-                         names, ctx.device)
+        c_i = as_tensors(client.state.get("control") or zeros_like_params(model), names, ctx.device)
         correction = {n: c[n] - c_i[n] for n in names}
 
         def hook(model):
             for n, p in model.named_parameters():
                 if p.grad is not None:
                     p.grad.add_(correction[n])
+
         return hook
 
     def after_training(self, model, payload, client, ctx, steps):
@@ -56,16 +57,19 @@ class Scaffold(FedAvg):
         new_weights = {n: p.detach().cpu().numpy() for n, p in model.named_parameters()}
         rho = self.config.local.momentum if self.config.local.optimizer == "sgd" else 0.0
         scale = 1.0 / (max(normalised_steps(steps, rho), 1e-12) * self.config.local.lr)
-        c_new = {n: (c_i[n] - c[n] + (payload["weights"][n] - new_weights[n]) * scale).astype(np.float32)
-                 for n in c}
+        c_new = {n: (c_i[n] - c[n] + (payload["weights"][n] - new_weights[n]) * scale).astype(np.float32) for n in c}
         client.state["control"] = c_new
         return {"control_delta": {n: c_new[n] - c_i[n] for n in c}}
 
     def server_update(self, state, replies, round_index, ctx):
         averaged = self.aggregate(state, replies, ctx)
         g = self.params.global_lr
-        weights = {k: (state["weights"][k] + g * (averaged[k] - state["weights"][k])).astype(averaged[k].dtype)
-                   if np.issubdtype(averaged[k].dtype, np.floating) else averaged[k] for k in averaged}
+        weights = {
+            k: (state["weights"][k] + g * (averaged[k] - state["weights"][k])).astype(averaged[k].dtype)
+            if np.issubdtype(averaged[k].dtype, np.floating)
+            else averaged[k]
+            for k in averaged
+        }
         mean_delta = weighted_average([r.message["control_delta"] for r in replies], [1.0] * len(replies))
         fraction = len(replies) / self.config.clients.num
         control = {n: (state["control"][n] + fraction * mean_delta[n]).astype(np.float32) for n in state["control"]}

@@ -8,10 +8,12 @@ hands the replies, sorted by client id, to `server_update`. What the server want
 scalars, per-client values, figures, images - it records on `ctx.log`; the engine's output
 callbacks write them.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -44,9 +46,17 @@ class ModelSpec:
 
     def build(self, device: torch.device | str = "cpu", arch: ModelConfig | None = None) -> torch.nn.Module:
         m = arch or self.config.model
-        model = build_model(m.name, in_channels=self.in_channels, num_classes=self.num_classes,
-                            image_size=self.image_size, width=m.width, depth=m.depth,
-                            norm=m.norm, hidden=m.hidden, width_multiplier=m.width_multiplier)
+        model = build_model(
+            m.name,
+            in_channels=self.in_channels,
+            num_classes=self.num_classes,
+            image_size=self.image_size,
+            width=m.width,
+            depth=m.depth,
+            norm=m.norm,
+            hidden=m.hidden,
+            width_multiplier=m.width_multiplier,
+        )
         return model.to(device)
 
     def initial_model(self, arch: ModelConfig | None = None, device: torch.device | str = "cpu") -> torch.nn.Module:
@@ -56,8 +66,11 @@ class ModelSpec:
         stream is left untouched."""
         arch = arch or self.config.model
         seed = self.config.seed
-        init = (derive_seed(seed, MODEL_INIT) if arch == self.config.model
-                else derive_seed(seed, MODEL_INIT, arch.describe()))
+        init = (
+            derive_seed(seed, MODEL_INIT)
+            if arch == self.config.model
+            else derive_seed(seed, MODEL_INIT, arch.describe())
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(init)
             return self.build(device, arch)
@@ -92,7 +105,7 @@ class ServerLog:
         """A matplotlib figure for TensorBoard."""
         self.figures[tag] = figure
 
-    def drain(self) -> "ServerLog":
+    def drain(self) -> ServerLog:
         """This round's records, leaving the log empty for the next round (summary values persist)."""
         out = ServerLog(self.scalars, self.client_values, self.images, self.figures, dict(self.summary))
         self.scalars, self.client_values, self.images, self.figures = {}, [], {}, {}
@@ -145,12 +158,12 @@ class ClientData:
 
     id: int
     round: int
-    x: torch.Tensor                 # normalised images (N, C, H, W) on the actor's device
-    y: torch.Tensor                 # labels (N,)
-    label_counts: np.ndarray        # (num_classes,) int64
-    arch: ModelConfig               # this client's architecture (clients.models), ctx.model() builds it
-    state: dict[str, Any]           # persists between the rounds this client takes part in
-    generator: torch.Generator      # seeded by (seed, round, client): the only source of randomness
+    x: torch.Tensor  # normalised images (N, C, H, W) on the actor's device
+    y: torch.Tensor  # labels (N,)
+    label_counts: np.ndarray  # (num_classes,) int64
+    arch: ModelConfig  # this client's architecture (clients.models), ctx.model() builds it
+    state: dict[str, Any]  # persists between the rounds this client takes part in
+    generator: torch.Generator  # seeded by (seed, round, client): the only source of randomness
     metrics: dict[str, float] = field(default_factory=dict)  # logged, not counted as communication
 
     @property
@@ -170,7 +183,7 @@ class Broadcast:
     shared: dict[str, Any] = field(default_factory=dict)
     addressed: list[tuple[tuple[int, ...], dict[str, Any]]] = field(default_factory=list)
 
-    def to(self, clients: int | Iterable[int], part: dict[str, Any]) -> "Broadcast":
+    def to(self, clients: int | Iterable[int], part: dict[str, Any]) -> Broadcast:
         """Address `part` to one client or a group; returns self, so calls chain."""
         group = (int(clients),) if isinstance(clients, (int, np.integer)) else tuple(int(k) for k in clients)
         self.addressed.append((group, part))
@@ -217,8 +230,9 @@ class Algorithm:
         """The server state; must be picklable (it is checkpointed each round)."""
         raise NotImplementedError
 
-    def select_clients(self, state: dict[str, Any], round_index: int, rng: np.random.Generator,
-                       ctx: Context) -> list[int]:
+    def select_clients(
+        self, state: dict[str, Any], round_index: int, rng: np.random.Generator, ctx: Context
+    ) -> list[int]:
         """This round's participants; [] runs a server-only round (server_update gets no replies).
 
         `rng` is seeded by (seed, round). The default is the uniform sample of clients.per_round.
@@ -228,14 +242,14 @@ class Algorithm:
             return list(range(num))
         return sorted(int(k) for k in rng.choice(num, size=per_round, replace=False))
 
-    def broadcast(self, state: dict[str, Any], round_index: int,
-                  participants: list[int]) -> dict[str, Any] | Broadcast:
+    def broadcast(self, state: dict[str, Any], round_index: int, participants: list[int]) -> dict[str, Any] | Broadcast:
         """What this round's participants receive: a dict every one of them gets, or a Broadcast with
         parts addressed to some (numpy arrays: zero-copy in the object store)."""
         raise NotImplementedError
 
-    def server_update(self, state: dict[str, Any], replies: list[Reply], round_index: int,
-                      ctx: Context) -> dict[str, Any]:
+    def server_update(
+        self, state: dict[str, Any], replies: list[Reply], round_index: int, ctx: Context
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def global_weights(self, state: dict[str, Any]) -> dict[str, np.ndarray]:

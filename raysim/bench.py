@@ -18,6 +18,7 @@ busiest worker's compute, the cost of the machinery alone. Peak memory is the su
 the driver and every process it started (Ray's workers, raylet, GCS), sampled during the engine
 run (from /proc/PID/smaps_rollup, so sampling costs next to nothing).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -32,8 +33,16 @@ from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 
-DEFAULTS = {"clients": 100, "actors": 2, "rounds": 3, "repeats": 2, "epochs": 1, "model": "cnn2",
-            "dataset": "mnist", "root": None}
+DEFAULTS = {
+    "clients": 100,
+    "actors": 2,
+    "rounds": 3,
+    "repeats": 2,
+    "epochs": 1,
+    "model": "cnn2",
+    "dataset": "mnist",
+    "root": None,
+}
 
 
 def _bench_config(opts: dict) -> Config:
@@ -43,17 +52,20 @@ def _bench_config(opts: dict) -> Config:
         root = str(candidate) if candidate.is_dir() else None
         if root is None:
             opts["dataset"] = "embedded"
-    return config_from_dict({
-        "seed": 0, "rounds": int(opts["rounds"]),
-        "dataset": {"name": opts["dataset"], "root": root},
-        "partition": {"kind": "dirichlet", "alpha": 0.5},
-        "clients": {"num": int(opts["clients"]), "per_round": int(opts["clients"])},
-        "model": {"name": opts["model"]},
-        "local": {"epochs": int(opts["epochs"]), "batch_size": 64, "lr": 0.01, "momentum": 0.9},
-        "algorithm": {"name": "fedavg"},
-        "resources": {"actors": int(opts["actors"]), "cpus_per_actor": 1, "num_cpus": int(opts["actors"])},
-        "output": {"tensorboard": False},
-    })
+    return config_from_dict(
+        {
+            "seed": 0,
+            "rounds": int(opts["rounds"]),
+            "dataset": {"name": opts["dataset"], "root": root},
+            "partition": {"kind": "dirichlet", "alpha": 0.5},
+            "clients": {"num": int(opts["clients"]), "per_round": int(opts["clients"])},
+            "model": {"name": opts["model"]},
+            "local": {"epochs": int(opts["epochs"]), "batch_size": 64, "lr": 0.01, "momentum": 0.9},
+            "algorithm": {"name": "fedavg"},
+            "resources": {"actors": int(opts["actors"]), "cpus_per_actor": 1, "num_cpus": int(opts["actors"])},
+            "output": {"tensorboard": False},
+        }
+    )
 
 
 def _pss_bytes(pid: int) -> int:
@@ -95,7 +107,9 @@ class PeakMemory:
         self._thread.join()
 
 
-def per_client_costs(phase: float, compute: dict[int, float], owner: dict[int, int], workers: int) -> tuple[float, float]:
+def per_client_costs(
+    phase: float, compute: dict[int, float], owner: dict[int, int], workers: int
+) -> tuple[float, float]:
     """(phase - summed compute / workers, phase - the busiest worker's compute), per client."""
     per_worker = [0.0] * workers
     for client, seconds in compute.items():
@@ -133,7 +147,9 @@ def engine_rounds(config: Config, experiment) -> tuple[RoundTimer, float]:
     """The timings and peak memory (bytes) of a full engine run."""
     from raysim.runner import assign_clients, run_experiment
 
-    timer = RoundTimer(config.resources.actors, assign_clients([len(p) for p in experiment.parts], config.resources.actors))
+    timer = RoundTimer(
+        config.resources.actors, assign_clients([len(p) for p in experiment.parts], config.resources.actors)
+    )
     with tempfile.TemporaryDirectory() as tmp, PeakMemory() as memory:
         run_experiment(config, Path(tmp), callbacks=[timer], experiment=experiment)
     return timer, memory.peak
@@ -163,7 +179,7 @@ def _plain_worker(connection, clients: dict, local: dict) -> None:
             for _ in range(local["epochs"]):
                 permutation = torch.randperm(len(y), generator=generator)
                 for i in range(0, len(y), local["batch_size"]):
-                    batch = permutation[i:i + local["batch_size"]]
+                    batch = permutation[i : i + local["batch_size"]]
                     optimizer.zero_grad(set_to_none=True)
                     F.cross_entropy(model(x[batch]), y[batch]).backward()
                     optimizer.step()
@@ -187,15 +203,24 @@ def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], 
     workers = int(config.resources.actors)
     owner = assign_clients([len(idx) for idx in experiment.parts], workers)
     data = experiment.dataset
-    local = {"lr": config.local.lr, "momentum": config.local.momentum, "epochs": config.local.epochs,
-             "batch_size": config.local.batch_size}
+    local = {
+        "lr": config.local.lr,
+        "momentum": config.local.momentum,
+        "epochs": config.local.epochs,
+        "batch_size": config.local.batch_size,
+    }
     model = experiment.spec.initial_model()
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing inherited from Ray
     pipes, processes = [], []
     for w in range(workers):
-        clients = {k: (to_model_input(data.train_x[idx], experiment.mean, experiment.std, "cpu"),
-                       torch.from_numpy(np.asarray(data.train_y[idx], dtype=np.int64)))
-                   for k, idx in enumerate(experiment.parts) if owner[k] == w}
+        clients = {
+            k: (
+                to_model_input(data.train_x[idx], experiment.mean, experiment.std, "cpu"),
+                torch.from_numpy(np.asarray(data.train_y[idx], dtype=np.int64)),
+            )
+            for k, idx in enumerate(experiment.parts)
+            if owner[k] == w
+        }
         parent, child = context.Pipe()
         process = context.Process(target=_plain_worker, args=(child, clients, local), daemon=True)
         process.start()
@@ -236,14 +261,17 @@ def overhead(opts: dict) -> None:
     config = _bench_config(opts)
     experiment = prepare(config)
     workers = config.resources.actors
-    print(f"FedAvg, {config.dataset.name}, {config.clients.num} clients a round, model {config.model.name}, "
-          f"{config.rounds} rounds x {config.local.epochs} local epoch(s); engine: {workers} actors x 1 thread; "
-          f"plain loop: {workers} processes x 1 thread")
+    print(
+        f"FedAvg, {config.dataset.name}, {config.clients.num} clients a round, model {config.model.name}, "
+        f"{config.rounds} rounds x {config.local.epochs} local epoch(s); engine: {workers} actors x 1 thread; "
+        f"plain loop: {workers} processes x 1 thread"
+    )
     engine_steady, plain_steady, engine_cost, plain_cost, peaks = [], [], [], [], []
     engine_busiest, plain_busiest = [], []
 
     def steady(values):  # rounds after the first
         return float(np.mean(values[1:] or values))
+
     # One Ray for all repeats (idle while the plain loop runs), so no repeat overlaps the
     # previous one's shutdown.
     with ray_session(config.resources):
@@ -257,23 +285,38 @@ def overhead(opts: dict) -> None:
             plain_cost.append(steady([mean for mean, _ in plain_per_client]))
             plain_busiest.append(steady([busiest for _, busiest in plain_per_client]))
             peaks.append(peak)
-            print(f"repeat {repeat + 1}: engine round 1 {engine.times[0]:.2f} s (warm-up), later rounds "
-                  f"{engine_steady[-1]:.2f} s; plain loop rounds {plain_steady[-1]:.2f} s; "
-                  f"ratio {engine_steady[-1] / plain_steady[-1]:.3f}; cost per client beyond its compute (beyond "
-                  f"the busiest worker's): engine {engine_cost[-1] * 1e3:.2f} ms ({engine_busiest[-1] * 1e3:.2f}), "
-                  f"plain {plain_cost[-1] * 1e3:.2f} ms ({plain_busiest[-1] * 1e3:.2f}); peak memory "
-                  f"{peak / 2**30:.2f} GiB; accuracy engine {engine.accuracy[-1]:.4f} plain {plain_acc[-1]:.4f}")
+            print(
+                f"repeat {repeat + 1}: engine round 1 {engine.times[0]:.2f} s (warm-up), later rounds "
+                f"{engine_steady[-1]:.2f} s; plain loop rounds {plain_steady[-1]:.2f} s; "
+                f"ratio {engine_steady[-1] / plain_steady[-1]:.3f}; cost per client beyond its compute (beyond "
+                f"the busiest worker's): engine {engine_cost[-1] * 1e3:.2f} ms ({engine_busiest[-1] * 1e3:.2f}), "
+                f"plain {plain_cost[-1] * 1e3:.2f} ms ({plain_busiest[-1] * 1e3:.2f}); peak memory "
+                f"{peak / 2**30:.2f} GiB; accuracy engine {engine.accuracy[-1]:.4f} plain {plain_acc[-1]:.4f}"
+            )
     ratio = float(np.mean(engine_steady) / np.mean(plain_steady))
-    print(f"overhead ratio (engine / plain, steady-state rounds, mean of {len(peaks)}): {ratio:.3f} "
-          f"(target <= 1.0); peak memory {max(peaks) / 2**30:.2f} GiB (target <= 4 GiB)")
-    print(f"cost per sampled client beyond its compute (mean of {len(peaks)}): engine "
-          f"{np.mean(engine_cost) * 1e3:.2f} ms (target <= 2 ms), plain loop {np.mean(plain_cost) * 1e3:.2f} ms; "
-          f"beyond the busiest worker's compute: engine {np.mean(engine_busiest) * 1e3:.2f} ms, "
-          f"plain loop {np.mean(plain_busiest) * 1e3:.2f} ms")
+    print(
+        f"overhead ratio (engine / plain, steady-state rounds, mean of {len(peaks)}): {ratio:.3f} "
+        f"(target <= 1.0); peak memory {max(peaks) / 2**30:.2f} GiB (target <= 4 GiB)"
+    )
+    print(
+        f"cost per sampled client beyond its compute (mean of {len(peaks)}): engine "
+        f"{np.mean(engine_cost) * 1e3:.2f} ms (target <= 2 ms), plain loop {np.mean(plain_cost) * 1e3:.2f} ms; "
+        f"beyond the busiest worker's compute: engine {np.mean(engine_busiest) * 1e3:.2f} ms, "
+        f"plain loop {np.mean(plain_busiest) * 1e3:.2f} ms"
+    )
 
 
-CONDENSE_DEFAULTS = {"classes": 10, "ipc": 10, "real": 64, "width": 32, "image_size": 32, "channels": 3,
-                     "steps": 20, "repeats": 3, "threads": 1}
+CONDENSE_DEFAULTS = {
+    "classes": 10,
+    "ipc": 10,
+    "real": 64,
+    "width": 32,
+    "image_size": 32,
+    "channels": 3,
+    "steps": 20,
+    "repeats": 3,
+    "threads": 1,
+}
 
 
 def condense(opts: dict) -> None:
@@ -288,8 +331,9 @@ def condense(opts: dict) -> None:
     torch.set_num_threads(o["threads"])
     torch.manual_seed(0)
     shape = (o["channels"], o["image_size"], o["image_size"])
-    model = build_model("convnet", in_channels=o["channels"], num_classes=o["classes"],
-                        image_size=o["image_size"], width=o["width"]).train()
+    model = build_model(
+        "convnet", in_channels=o["channels"], num_classes=o["classes"], image_size=o["image_size"], width=o["width"]
+    ).train()
     for p in model.parameters():
         p.requires_grad_(False)
     real = [torch.randn(o["real"], *shape) for _ in range(o["classes"])]
@@ -306,14 +350,18 @@ def condense(opts: dict) -> None:
             optimizer.step()
         return o["steps"] / (time.perf_counter() - start)
 
-    print(f"DM condensation, ConvNet width {o['width']}, {o['classes']} classes x ({o['real']} real + "
-          f"{o['ipc']} synthetic) images of {shape}, DSA, {o['threads']} thread(s)")
+    print(
+        f"DM condensation, ConvNet width {o['width']}, {o['classes']} classes x ({o['real']} real + "
+        f"{o['ipc']} synthetic) images of {shape}, DSA, {o['threads']} thread(s)"
+    )
     ratios = []
     for repeat in range(o["repeats"]):
         batched, looped = steps_per_second(True), steps_per_second(False)
         ratios.append(batched / looped)
-        print(f"repeat {repeat + 1}: batched {batched:.2f} steps/s, per-class loop {looped:.2f} steps/s, "
-              f"speed-up {ratios[-1]:.2f}x")
+        print(
+            f"repeat {repeat + 1}: batched {batched:.2f} steps/s, per-class loop {looped:.2f} steps/s, "
+            f"speed-up {ratios[-1]:.2f}x"
+        )
     print(f"batched / per-class speed-up (mean of {len(ratios)}): {np.mean(ratios):.2f}x")
 
 

@@ -1,4 +1,5 @@
 """The `raysim` command: run, tune, partition, report, bench, algorithms, datasets."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,24 +35,26 @@ def _run(args: argparse.Namespace) -> int:
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
         done = completed_rounds(run_dir)  # an unreadable checkpoint is refused here, before Ray starts
         if done >= config.rounds:
-            print(f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
-                  f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')")
+            print(
+                f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
+                f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
+            )
             return 0
         experiment = None
     else:
         if not args.config:
-            raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] "
-                              "(try configs/quickstart.yaml)")
+            raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
         from raysim.shipped_configs import resolve
+
         config = load_config(resolve(args.config), args.overrides)
         from raysim.runner import prepare
+
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
         run_dir = new_run_dir(config, args.out)
     try:
         run_with_progress(config, run_dir, args.address, experiment)
     except KeyboardInterrupt:
-        print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'",
-              file=sys.stderr)
+        print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'", file=sys.stderr)
         return 130
     except RaysimError:
         if not args.resume:  # refused before its first round (e.g. resources): the same --out works again
@@ -59,16 +62,21 @@ def _run(args: argparse.Namespace) -> int:
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from ray.exceptions import RayError
+
         full = disk_full(exc)
         if full is not None:
-            raise RaysimError(f"no space left on device ({full}): finished rounds are kept; free some space "
-                              f"(or move the run directory to a larger disk) and continue with "
-                              f"'raysim run --resume {run_dir}'") from None
+            raise RaysimError(
+                f"no space left on device ({full}): finished rounds are kept; free some space "
+                f"(or move the run directory to a larger disk) and continue with "
+                f"'raysim run --resume {run_dir}'"
+            ) from None
         if not isinstance(exc, RayError):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RaysimError(f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are "
-                          f"kept: continue with 'raysim run --resume {run_dir}'") from None
+        raise RaysimError(
+            f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are "
+            f"kept: continue with 'raysim run --resume {run_dir}'"
+        ) from None
     return 0
 
 
@@ -93,15 +101,25 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     config = load_config(resolve(args.config), args.overrides)
     exp = prepare(config)
-    print(f"{config.dataset.name}: {len(exp.dataset.train_y)} training samples, {config.clients.num} clients, "
-          f"partition {config.partition.kind}"
-          + (f" alpha={config.partition.alpha}" if "dirichlet" in config.partition.kind
-             or config.partition.kind == "quantity" else ""))
+    print(
+        f"{config.dataset.name}: {len(exp.dataset.train_y)} training samples, {config.clients.num} clients, "
+        f"partition {config.partition.kind}"
+        + (
+            f" alpha={config.partition.alpha}"
+            if "dirichlet" in config.partition.kind or config.partition.kind == "quantity"
+            else ""
+        )
+    )
     print(format_counts(exp.counts, exp.dataset.classes))
     if args.plot:
         from raysim.plots import save_partition_plot
-        save_partition_plot(exp.counts, args.plot, exp.dataset.classes,
-                            title=f"{config.dataset.name}, {config.partition.kind}, {config.clients.num} clients")
+
+        save_partition_plot(
+            exp.counts,
+            args.plot,
+            exp.dataset.classes,
+            title=f"{config.dataset.name}, {config.partition.kind}, {config.clients.num} clients",
+        )
         print(f"bubble chart written to {args.plot}")
     return 0
 
@@ -156,9 +174,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise RaysimError("raysim tune needs --out DIR: the sweep's trials, table and best.yaml go there")
     out = Path(args.out)
     if (out / "sweep.yaml").exists():
-        raise RaysimError(f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' "
-                          "or choose another --out")
+        raise RaysimError(
+            f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' or choose another --out"
+        )
     from raysim.shipped_configs import resolve
+
     run_sweep(load_sweep(resolve(args.sweep), args.overrides), out, args.address)
     return 0
 
@@ -199,15 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="side-by-side table of runs (mean +- std over seeds)")
     rep.add_argument("runs", nargs="+", metavar="RUN_DIR")
-    rep.add_argument("--plot", metavar="FILE.png",
-                     help="also draw accuracy, loss and MB moved per round, one line per experiment "
-                          "with a band over its seeds (.png, .pdf or .svg)")
+    rep.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw accuracy, loss and MB moved per round, one line per experiment "
+        "with a band over its seeds (.png, .pdf or .svg)",
+    )
     rep.set_defaults(func=_cmd_report)
 
     sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
-    sub.add_parser("configs", help="list the shipped configs (raysim run NAME runs one from any folder)"
-                   ).set_defaults(func=_cmd_configs)
+    sub.add_parser("configs", help="list the shipped configs (raysim run NAME runs one from any folder)").set_defaults(
+        func=_cmd_configs
+    )
 
     tune = sub.add_parser("tune", help="a Ray Tune sweep over config keys (see configs/sweeps/)")
     tune.add_argument("sweep", nargs="?", help="sweep YAML (e.g. configs/sweeps/cpu.yaml)")

@@ -8,6 +8,7 @@ and CUDA kernels round differently). Entries live in ``$RAYSIM_CACHE_DIR/client_
 ``weights_only=True``, so an entry cannot run code), and are written to a temporary file and
 moved into place, so a killed run never leaves half an entry. An unreadable entry is a miss.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,9 +34,13 @@ def cache_dir() -> Path:
 
 def client_stage_key(config: Config, data_digest: str) -> str:
     described = {
-        "version": FORMAT_VERSION, "data": data_digest, "seed": config.seed,
+        "version": FORMAT_VERSION,
+        "data": data_digest,
+        "seed": config.seed,
         "architectures": [asdict(a) for a in client_architectures(config)],
-        "local": asdict(config.local), "torch": torch.__version__, "gpu": config.resources.gpus_per_actor > 0,
+        "local": asdict(config.local),
+        "torch": torch.__version__,
+        "gpu": config.resources.gpus_per_actor > 0,
         "deterministic": config.resources.deterministic,
     }
     return hashlib.blake2b(json.dumps(described, sort_keys=True).encode(), digest_size=16).hexdigest()

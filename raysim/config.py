@@ -4,6 +4,7 @@ Every key is declared in a dataclass below (the algorithm's own keys in the
 algorithm's `Params` dataclass), so a misspelt or unknown key is an error
 before Ray starts, never silently ignored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,6 +66,7 @@ class ModelConfig:
         if self.name == "mlp":
             return f"mlp(hidden={self.hidden})"
         from raysim.models import SCALABLE
+
         if self.name in SCALABLE and self.width_multiplier != 1.0:
             return f"{self.name}(x{self.width_multiplier:g})"
         return self.name
@@ -154,6 +156,7 @@ class Config:
 
 # ---------------------------------------------------------------- parsing
 
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
@@ -234,7 +237,8 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
             where = f"'{prefix}.{key}'" if prefix else f"'{key}'"
             raise RaysimError(
                 f"unknown config key {where}: valid keys{' under ' + repr(prefix) if prefix else ''} "
-                f"are {', '.join(sorted(known))}")
+                f"are {', '.join(sorted(known))}"
+            )
     kwargs = {}
     for name, value in values.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -272,8 +276,9 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
-        raise RaysimError(f"config file '{path}' does not exist: give the path to a YAML file "
-                          "(see configs/quickstart.yaml)")
+        raise RaysimError(
+            f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
@@ -288,8 +293,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (),
-                base: dict[str, Any] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] = (), base: dict[str, Any] | None = None
+) -> Config:
     """Read a YAML file (or start from `base`), apply overrides, validate everything."""
     tree = dict(base or {}) if path is None else read_yaml(path)
     for text in overrides:
@@ -309,6 +315,7 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     config = build_dataclass(Config, tree, "")
     # Imported here: the algorithm registry imports torch, which config parsing should not need.
     from raysim.registry import check_algorithm_config, resolve_params
+
     config.algorithm = resolve_params(algorithm)
     validate(config)
     check_algorithm_config(config)
@@ -325,19 +332,24 @@ def client_architectures(config: Config) -> list[ModelConfig]:
         ids = {}
         for key, entry in spec.items():
             if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < num:
-                raise RaysimError(f"clients.models: key {key!r} is not a client id in 0..{num - 1}: "
-                                  "map client ids to models, or give a list to assign round-robin")
+                raise RaysimError(
+                    f"clients.models: key {key!r} is not a client id in 0..{num - 1}: "
+                    "map client ids to models, or give a list to assign round-robin"
+                )
             ids[key] = entry
         missing = [k for k in range(num) if k not in ids]
         if missing:
-            raise RaysimError(f"clients.models names no model for client(s) {missing[:10]}: name every client "
-                              "or give a list to assign round-robin")
+            raise RaysimError(
+                f"clients.models names no model for client(s) {missing[:10]}: name every client "
+                "or give a list to assign round-robin"
+            )
         entries = [ids[k] for k in range(num)]
     elif isinstance(spec, list) and spec:
         entries = [spec[k % len(spec)] for k in range(num)]
     else:
-        raise RaysimError(f"clients.models must be a non-empty list of models or a mapping client id -> model, "
-                          f"got {spec!r}")
+        raise RaysimError(
+            f"clients.models must be a non-empty list of models or a mapping client id -> model, got {spec!r}"
+        )
     base = asdict(config.model)
     built: dict[str, ModelConfig] = {}
     out = []
@@ -345,8 +357,10 @@ def client_architectures(config: Config) -> list[ModelConfig]:
         if isinstance(entry, str):
             entry = {"name": entry}
         if not isinstance(entry, dict) or "name" not in entry:
-            raise RaysimError(f"clients.models: the entry for client {k} ({entry!r}) must be a model name or "
-                              "a mapping with at least 'name' (e.g. {name: resnet18, width_multiplier: 0.25})")
+            raise RaysimError(
+                f"clients.models: the entry for client {k} ({entry!r}) must be a model name or "
+                "a mapping with at least 'name' (e.g. {name: resnet18, width_multiplier: 0.25})"
+            )
         key = repr(sorted(entry.items()))
         if key not in built:
             built[key] = build_dataclass(ModelConfig, {**base, **entry}, "clients.models")
@@ -356,6 +370,7 @@ def client_architectures(config: Config) -> list[ModelConfig]:
 
 def validate(config: Config) -> None:
     """Value checks that do not need the data (those that do live in the data/partition code)."""
+
     def need(ok: bool, message: str) -> None:
         if not ok:
             raise RaysimError(message)
@@ -363,25 +378,40 @@ def validate(config: Config) -> None:
     need(config.rounds >= 1, f"rounds must be >= 1, got {config.rounds}")
     need(config.clients.num >= 1, f"clients.num must be >= 1, got {config.clients.num}")
     per = config.clients.per_round
-    need(per > 0 and (per <= 1 or float(per).is_integer()),
-         f"clients.per_round must be a count >= 1 or a fraction in (0, 1], got {per}")
-    need(config.clients_per_round() <= config.clients.num,
-         f"clients.per_round={per} exceeds clients.num={config.clients.num}: lower it or use a fraction like 0.4")
-    need(config.partition.alpha > 0,
-         f"partition.alpha must be > 0, got {config.partition.alpha}: use e.g. 0.1 (skewed) to 100 (near IID)")
-    need(config.resources.actors is None or config.resources.actors >= 1,
-         f"resources.actors must be >= 1 or auto, got {config.resources.actors}")
-    need(config.resources.cpus_per_actor > 0,
-         f"resources.cpus_per_actor must be > 0, got {config.resources.cpus_per_actor}")
+    need(
+        per > 0 and (per <= 1 or float(per).is_integer()),
+        f"clients.per_round must be a count >= 1 or a fraction in (0, 1], got {per}",
+    )
+    need(
+        config.clients_per_round() <= config.clients.num,
+        f"clients.per_round={per} exceeds clients.num={config.clients.num}: lower it or use a fraction like 0.4",
+    )
+    need(
+        config.partition.alpha > 0,
+        f"partition.alpha must be > 0, got {config.partition.alpha}: use e.g. 0.1 (skewed) to 100 (near IID)",
+    )
+    need(
+        config.resources.actors is None or config.resources.actors >= 1,
+        f"resources.actors must be >= 1 or auto, got {config.resources.actors}",
+    )
+    need(
+        config.resources.cpus_per_actor > 0,
+        f"resources.cpus_per_actor must be > 0, got {config.resources.cpus_per_actor}",
+    )
     need(config.resources.gpus_per_actor >= 0, "resources.gpus_per_actor must be >= 0")
     need(config.local.epochs >= 0, "local.epochs must be >= 0")
     need(config.local.batch_size >= 1, "local.batch_size must be >= 1")
-    need(config.local.optimizer in ("sgd", "adam"),
-         f"local.optimizer must be sgd or adam, got '{config.local.optimizer}'")
+    need(
+        config.local.optimizer in ("sgd", "adam"),
+        f"local.optimizer must be sgd or adam, got '{config.local.optimizer}'",
+    )
     need(config.eval.every >= 1, "eval.every must be >= 1")
     bad = [t for t in config.eval.targets if not 0 < t <= 1]
-    need(not bad, f"eval.targets must be test accuracies in (0, 1], got {bad}: write fractions, "
-                  "e.g. eval.targets=[0.8,0.86] for 80% and 86%")
+    need(
+        not bad,
+        f"eval.targets must be test accuracies in (0, 1], got {bad}: write fractions, "
+        "e.g. eval.targets=[0.8,0.86] for 80% and 86%",
+    )
     need(config.output.checkpoint_every >= 1, "output.checkpoint_every must be >= 1")
 
 

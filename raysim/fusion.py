@@ -52,7 +52,8 @@ def _unsupported(model: nn.Module, detail: str) -> RaysimError:
     return RaysimError(
         "ot_fusion aligns plain chains of conv/linear layers (cnn2, cnn3, lenet, mlp, convnet); "
         f"{type(model).__name__} has residual or branching connections ({detail}): "
-        "use fedavg_oneshot or a distillation method")
+        "use fedavg_oneshot or a distillation method"
+    )
 
 
 def _key(name: str, attr: str) -> str:
@@ -81,8 +82,11 @@ def _chain(model: nn.Module) -> Chain:
             chain.append((name, m, []))
         elif isinstance(m, _NORMS):
             size = m.num_channels if isinstance(m, nn.GroupNorm) else m.num_features
-            if not chain or size != _dims(chain[-1][1])[1] or \
-                    (isinstance(m, nn.GroupNorm) and m.num_groups not in (1, size)):
+            if (
+                not chain
+                or size != _dims(chain[-1][1])[1]
+                or (isinstance(m, nn.GroupNorm) and m.num_groups not in (1, size))
+            ):
                 raise _unsupported(model, f"norm layer {name!r} does not normalise the previous layer per channel")
             chain[-1][2].append(name)
         elif any(True for _ in m.parameters(recurse=False)) or any(True for _ in m.buffers(recurse=False)):
@@ -96,8 +100,10 @@ def _check_same_architecture(model: nn.Module, anchor: nn.Module) -> None:
     a, b = model.state_dict(), anchor.state_dict()
     diff = sorted(set(a) ^ set(b)) or [k for k in a if a[k].shape != b[k].shape]
     if diff:
-        raise RaysimError(f"ot_fusion needs models of one architecture with equal widths, but {diff[0]!r} "
-                          "differs between them: build every client model from the same model config")
+        raise RaysimError(
+            f"ot_fusion needs models of one architecture with equal widths, but {diff[0]!r} "
+            "differs between them: build every client model from the same model config"
+        )
 
 
 def _probe_input(model: nn.Module, first: nn.Module) -> torch.Tensor:
@@ -165,12 +171,16 @@ def ot_fuse(models: list[nn.Module], coefficients: list[float], anchor: int = 0)
     as {state_dict key: numpy array} (same keys and dtypes as model.state_dict(), BN running
     statistics and num_batches_tracked included; integer buffers are taken from the anchor)."""
     if not models or len(coefficients) != len(models):
-        raise RaysimError(f"ot_fuse needs one coefficient per model, got {len(coefficients)} coefficients "
-                          f"for {len(models)} models: pass matching, non-empty lists")
+        raise RaysimError(
+            f"ot_fuse needs one coefficient per model, got {len(coefficients)} coefficients "
+            f"for {len(models)} models: pass matching, non-empty lists"
+        )
     alpha = np.asarray(coefficients, dtype=np.float64)
     if not np.all(np.isfinite(alpha)) or np.any(alpha < 0) or alpha.sum() <= 0:
-        raise RaysimError(f"ot_fuse coefficients must be finite, non-negative and not all zero, "
-                          f"got {list(coefficients)}: pass e.g. the clients' sample counts")
+        raise RaysimError(
+            f"ot_fuse coefficients must be finite, non-negative and not all zero, "
+            f"got {list(coefficients)}: pass e.g. the clients' sample counts"
+        )
     if not 0 <= anchor < len(models):
         raise RaysimError(f"ot_fuse anchor {anchor} is not a model index: pass 0..{len(models) - 1}")
     alpha = alpha / alpha.sum()

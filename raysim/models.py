@@ -96,8 +96,15 @@ class ConvNet(_Backbone):
     then one linear classifier on the flattened features (2048-d at 28/32 px
     with width 128, depth 3)."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int,
-                 width: int = 128, depth: int = 3, norm: str = "batchnorm"):
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        image_size: int,
+        width: int = 128,
+        depth: int = 3,
+        norm: str = "batchnorm",
+    ):
         super().__init__()
         layers: list[nn.Module] = []
         channels = in_channels
@@ -240,8 +247,7 @@ class ResNet18(_Backbone):
 
 
 def _conv_bn_relu(cin: int, cout: int, kernel_size: int) -> list[nn.Module]:
-    return [nn.Conv2d(cin, cout, kernel_size, padding=kernel_size // 2),
-            nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+    return [nn.Conv2d(cin, cout, kernel_size, padding=kernel_size // 2), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
 
 class _Inception(nn.Module):
@@ -252,8 +258,7 @@ class _Inception(nn.Module):
         super().__init__()
         self.b1 = nn.Sequential(*_conv_bn_relu(cin, n1, 1))
         self.b2 = nn.Sequential(*_conv_bn_relu(cin, n3r, 1), *_conv_bn_relu(n3r, n3, 3))
-        self.b3 = nn.Sequential(*_conv_bn_relu(cin, n5r, 1), *_conv_bn_relu(n5r, n5, 3),
-                                *_conv_bn_relu(n5, n5, 3))
+        self.b3 = nn.Sequential(*_conv_bn_relu(cin, n5r, 1), *_conv_bn_relu(n5r, n5, 3), *_conv_bn_relu(n5, n5, 3))
         self.b4 = nn.Sequential(nn.MaxPool2d(3, stride=1, padding=1), *_conv_bn_relu(cin, pool_proj, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -266,10 +271,19 @@ class GoogLeNet(_Backbone):
     adaptive average pool, linear 1024 -> C."""
 
     # (1x1, 3x3 reduce, 3x3, 5x5 reduce, 5x5, pool projection) of each block; None: a max pool
-    BLOCKS = ((64, 96, 128, 16, 32, 32), (128, 128, 192, 32, 96, 64), None,
-              (192, 96, 208, 16, 48, 64), (160, 112, 224, 24, 64, 64), (128, 128, 256, 24, 64, 64),
-              (112, 144, 288, 32, 64, 64), (256, 160, 320, 32, 128, 128), None,
-              (256, 160, 320, 32, 128, 128), (384, 192, 384, 48, 128, 128))
+    BLOCKS = (
+        (64, 96, 128, 16, 32, 32),
+        (128, 128, 192, 32, 96, 64),
+        None,
+        (192, 96, 208, 16, 48, 64),
+        (160, 112, 224, 24, 64, 64),
+        (128, 128, 256, 24, 64, 64),
+        (112, 144, 288, 32, 64, 64),
+        (256, 160, 320, 32, 128, 128),
+        None,
+        (256, 160, 320, 32, 128, 128),
+        (384, 192, 384, 48, 128, 128),
+    )
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
         super().__init__()
@@ -311,9 +325,18 @@ def _check_positive(value: int, what: str, key: str) -> None:
 SCALABLE: tuple[str, ...] = ("cnn3", "lenet", "resnet18", "googlenet")  # take width_multiplier
 
 
-def build_model(name: str, *, in_channels: int, num_classes: int, image_size: int,
-                width: int = 128, depth: int = 3, norm: str = "batchnorm",
-                hidden: int = 128, width_multiplier: float = 1.0) -> nn.Module:
+def build_model(
+    name: str,
+    *,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    width: int = 128,
+    depth: int = 3,
+    norm: str = "batchnorm",
+    hidden: int = 128,
+    width_multiplier: float = 1.0,
+) -> nn.Module:
     """Build model ``name`` for ``in_channels`` x ``image_size`` x ``image_size`` input
     and ``num_classes`` outputs.
 
@@ -325,8 +348,10 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
     if ":" in name:
         return _user_model(name, in_channels, num_classes, image_size)
     if name not in MODEL_NAMES:
-        raise RaysimError(f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} "
-                          "or give your own as package.module:factory (model.name)")
+        raise RaysimError(
+            f"unknown model {name!r}: choose one of {', '.join(MODEL_NAMES)} "
+            "or give your own as package.module:factory (model.name)"
+        )
     if norm not in NORMS:
         raise RaysimError(f"unknown norm {norm!r}: choose one of {', '.join(NORMS)} (model.norm)")
     _check_positive(in_channels, "in_channels", "the dataset's channel count")
@@ -336,8 +361,9 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
     _check_positive(depth, "depth", "model.depth")
     _check_positive(hidden, "hidden", "model.hidden")
     if isinstance(width_multiplier, bool) or not isinstance(width_multiplier, (int, float)) or width_multiplier <= 0:
-        raise RaysimError(f"width_multiplier must be a number > 0, got {width_multiplier!r}: "
-                          "fix model.width_multiplier")
+        raise RaysimError(
+            f"width_multiplier must be a number > 0, got {width_multiplier!r}: fix model.width_multiplier"
+        )
 
     common = dict(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
     if name == "convnet":
@@ -347,8 +373,9 @@ def build_model(name: str, *, in_channels: int, num_classes: int, image_size: in
     elif name == "cnn2":
         model = CNN2(**common)
     else:
-        model = {"cnn3": CNN3, "lenet": LeNet, "resnet18": ResNet18,
-                 "googlenet": GoogLeNet}[name](**common, width_multiplier=width_multiplier)
+        model = {"cnn3": CNN3, "lenet": LeNet, "resnet18": ResNet18, "googlenet": GoogLeNet}[name](
+            **common, width_multiplier=width_multiplier
+        )
     # Channels-last convolution weights make every convolution, norm and pooling layer run in
     # NHWC (the input follows the weights). On CPU that is 1.4-2x faster for these small nets
     # (measured: a DM step of ConvNet width 32, 0.36 s -> 0.17-0.28 s); CUDA supports it too.
@@ -360,6 +387,7 @@ def _user_model(path: str, in_channels: int, num_classes: int, image_size: int) 
     factory = load_object(path, "model.name", "model factory")
     model = factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
     if not isinstance(model, nn.Module):
-        raise RaysimError(f"model factory '{path}' returned {type(model).__name__}, not a torch.nn.Module: "
-                          "make it return the model")
+        raise RaysimError(
+            f"model factory '{path}' returned {type(model).__name__}, not a torch.nn.Module: make it return the model"
+        )
     return model

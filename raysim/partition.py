@@ -120,9 +120,7 @@ def partition(
       client i gets every sample of the i-th smallest domain id.
     """
     if kind not in PARTITION_KINDS:
-        raise RaysimError(
-            f"unknown partition.kind={kind!r}; set partition.kind to one of {', '.join(PARTITION_KINDS)}"
-        )
+        raise RaysimError(f"unknown partition.kind={kind!r}; set partition.kind to one of {', '.join(PARTITION_KINDS)}")
     labels = _as_labels(labels)
     n = int(labels.shape[0])
     num_clients = _as_int(num_clients, "clients.num")
@@ -182,9 +180,7 @@ def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) 
     return out
 
 
-def format_counts(
-    counts: np.ndarray, class_names: list[str] | None = None, *, max_classes: int = 20
-) -> str:
+def format_counts(counts: np.ndarray, class_names: list[str] | None = None, *, max_classes: int = 20) -> str:
     """Render a (clients, classes) count matrix as a plain-text table.
 
     One row per client plus a final ``total`` row, with a ``total`` column.
@@ -206,9 +202,7 @@ def format_counts(
 
     if c <= max_classes:
         header = ["client"] + [nm[:10] for nm in names] + ["total"]
-        body = [
-            [row_labels[i]] + [str(v) for v in counts[i]] + [str(row_totals[i])] for i in range(k)
-        ]
+        body = [[row_labels[i]] + [str(v) for v in counts[i]] + [str(row_totals[i])] for i in range(k)]
         body.append(["total"] + [str(v) for v in col_totals] + [str(col_totals.sum())])
     else:
         header = ["client", "classes", "largest classes", "total"]
@@ -262,9 +256,7 @@ def _split_by_counts(
 
 
 def _min_size_error(kind: str, k: int, min_size: int, alpha: float, tries: int | None, n: int) -> RaysimError:
-    why = (
-        f"in {tries} tries" if tries is not None else f"(clients.num*partition.min_size > the {n} samples)"
-    )
+    why = f"in {tries} tries" if tries is not None else f"(clients.num*partition.min_size > the {n} samples)"
     return RaysimError(
         f"partition.kind={kind} could not give each of clients.num={k} clients at least "
         f"partition.min_size={min_size} samples {why} with partition.alpha={alpha:g}; "
@@ -328,9 +320,7 @@ def _logsumexp(x: np.ndarray, axis: int, keepdims: bool = False) -> np.ndarray:
     return out if keepdims else np.squeeze(out, axis=axis)
 
 
-def _balanced_proportions(
-    rng: np.random.Generator, alpha: float, class_sizes: np.ndarray, k: int
-) -> np.ndarray:
+def _balanced_proportions(rng: np.random.Generator, alpha: float, class_sizes: np.ndarray, k: int) -> np.ndarray:
     """C x K matrix: row c is class c's split over clients; client totals ~ N/K (Sinkhorn in log space)."""
     num_classes = class_sizes.shape[0]
     present = class_sizes > 0
@@ -461,9 +451,7 @@ def _as_labels(labels: np.ndarray) -> np.ndarray:
             )
     arr = arr.astype(np.int64, copy=False)
     if arr.size and int(arr.min()) < 0:
-        raise RaysimError(
-            f"dataset labels must be >= 0, found {int(arr.min())}; fix the dataset's label column"
-        )
+        raise RaysimError(f"dataset labels must be >= 0, found {int(arr.min())}; fix the dataset's label column")
     return arr
 
 

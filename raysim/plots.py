@@ -18,9 +18,7 @@ from matplotlib.ticker import MaxNLocator
 _MAX_NAMED_CLASSES = 40
 
 
-def partition_figure(
-    counts: np.ndarray, class_names: list[str] | None = None, title: str | None = None
-) -> Figure:
+def partition_figure(counts: np.ndarray, class_names: list[str] | None = None, title: str | None = None) -> Figure:
     """Bubble chart of a (clients, classes) count matrix.
 
     x is the client id, y the class, and each bubble's area is proportional to
@@ -139,12 +137,20 @@ def curves_figure(
             rounds = np.array(sorted(by_round))
             stacked = [np.array(by_round[r]) for r in rounds]
             mean = np.array([s.mean() for s in stacked])
-            (line,) = ax.plot(rounds, mean, color=color, linewidth=1.6, marker="o" if len(rounds) <= 20 else None,
-                              markersize=3.5, label=f"{label} ({len(runs)} seed{'s' if len(runs) != 1 else ''})")
+            (line,) = ax.plot(
+                rounds,
+                mean,
+                color=color,
+                linewidth=1.6,
+                marker="o" if len(rounds) <= 20 else None,
+                markersize=3.5,
+                label=f"{label} ({len(runs)} seed{'s' if len(runs) != 1 else ''})",
+            )
             handle = handle or line
             if len(runs) > 1:
-                ax.fill_between(rounds, [s.min() for s in stacked], [s.max() for s in stacked],
-                                color=color, alpha=0.2, linewidth=0)
+                ax.fill_between(
+                    rounds, [s.min() for s in stacked], [s.max() for s in stacked], color=color, alpha=0.2, linewidth=0
+                )
         if handle is not None:
             handles.append(handle)
     for ax, (_, ylabel) in zip(axes, CURVE_PANELS):

@@ -1,4 +1,5 @@
 """User code named in a config: `package.module:name` (an algorithm class, a model factory)."""
+
 from __future__ import annotations
 
 import importlib
@@ -24,11 +25,15 @@ def load_object(path: str, key: str, what: str) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
-            raise RaysimError(f"{key}='{path}': no module '{module_name}' on the Python path (working directory "
-                              f"{Path.cwd()}): run from the folder that holds it or add it to PYTHONPATH") from None
+            raise RaysimError(
+                f"{key}='{path}': no module '{module_name}' on the Python path (working directory "
+                f"{Path.cwd()}): run from the folder that holds it or add it to PYTHONPATH"
+            ) from None
         raise  # the user's module itself failed to import something: their traceback is the useful one
     try:
         return getattr(module, attribute)
     except AttributeError:
-        raise RaysimError(f"{key}='{path}': module '{module_name}' ({getattr(module, '__file__', '?')}) "
-                          f"has no {what} named '{attribute}'") from None
+        raise RaysimError(
+            f"{key}='{path}': module '{module_name}' ({getattr(module, '__file__', '?')}) "
+            f"has no {what} named '{attribute}'"
+        ) from None

@@ -5,6 +5,7 @@ Built-ins are discovered, not listed: `algorithm.name: fedavg` is the `Algorithm
 `algorithm.name: package.module:Class` loads a researcher's class from their own file; it is
 validated like a built-in (unknown or ill-typed parameters fail before Ray starts).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,19 +31,28 @@ def algorithm_class(name: str) -> type:
     if ":" in name:
         cls = load_object(name, "algorithm.name", "algorithm class")
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-            raise RaysimError(f"algorithm.name='{name}' is not a subclass of raysim.algorithm.Algorithm: "
-                              "derive your class from it (or from algorithms.fedavg.FedAvg)")
+            raise RaysimError(
+                f"algorithm.name='{name}' is not a subclass of raysim.algorithm.Algorithm: "
+                "derive your class from it (or from algorithms.fedavg.FedAvg)"
+            )
         return cls
     known = builtin_names()
     if name not in known:
-        raise RaysimError(f"unknown algorithm '{name}': choose one of {', '.join(known)} "
-                          "or give your own as package.module:Class (algorithm.name)")
+        raise RaysimError(
+            f"unknown algorithm '{name}': choose one of {', '.join(known)} "
+            "or give your own as package.module:Class (algorithm.name)"
+        )
     module = importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
-    found = [obj for obj in vars(module).values()
-             if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.name == name]
+    found = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.name == name
+    ]
     if len(found) != 1:  # a broken convention is the developer's bug, said plainly
-        raise RaysimError(f"module {module.__name__} must define exactly one Algorithm subclass with name = "
-                          f"'{name}', found {len(found)}")
+        raise RaysimError(
+            f"module {module.__name__} must define exactly one Algorithm subclass with name = "
+            f"'{name}', found {len(found)}"
+        )
     return found[0]
 
 
@@ -57,8 +67,9 @@ def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
     for key in section:
         if key not in known:
             takes = f"its parameters are {', '.join(known)}" if known else "it takes no parameters"
-            raise RaysimError(f"unknown config key 'algorithm.{key}' for algorithm '{name}': {takes} "
-                              "(see 'raysim algorithms')")
+            raise RaysimError(
+                f"unknown config key 'algorithm.{key}' for algorithm '{name}': {takes} (see 'raysim algorithms')"
+            )
     params = build_dataclass(cls.Params, section, "algorithm")
     check = getattr(params, "validate", None)
     if check is not None:

@@ -1,4 +1,5 @@
 """`raysim report RUN...`: runs side by side, seeds of the same experiment folded into mean +- std."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,7 @@ def experiment_key(config: dict[str, Any]) -> str:
 def label(config: dict[str, Any], differing: set[str]) -> str:
     flat = flatten(config)
     parts = [config["algorithm"]["name"], config["dataset"]["name"]]
-    parts += [f"{k}={flat[k]}" for k in sorted(differing)
-              if k in flat and k not in ("algorithm.name", "dataset.name")]
+    parts += [f"{k}={flat[k]}" for k in sorted(differing) if k in flat and k not in ("algorithm.name", "dataset.name")]
     return " ".join(str(p) for p in parts)
 
 
@@ -123,16 +123,20 @@ def report(run_dirs: list[str]) -> str:
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
-        rows.append([
-            label(members[0][2], differing), str(len(members)),
-            mean_std([s["final_accuracy"] for s in summaries]), mean_std([s["best_accuracy"] for s in summaries]),
-            mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from runs made before it existed
-            "/".join(sorted({str(s["rounds"]) for s in summaries})),
-            f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
-            f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
-            f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
-            *[rounds_to(summaries, t) for t in targets],
-        ])
+        rows.append(
+            [
+                label(members[0][2], differing),
+                str(len(members)),
+                mean_std([s["final_accuracy"] for s in summaries]),
+                mean_std([s["best_accuracy"] for s in summaries]),
+                mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from runs made before it existed
+                "/".join(sorted({str(s["rounds"]) for s in summaries})),
+                f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
+                f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
+                f"{np.mean([s['wall_time_s'] for s in summaries]):.1f}",
+                *[rounds_to(summaries, t) for t in targets],
+            ]
+        )
         # The header's order: the one-shot columns were inserted at 5 after the domain column.
         if domains:
             rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
@@ -142,8 +146,11 @@ def report(run_dirs: list[str]) -> str:
     return f"{text}\n\n{clients}" if clients else text
 
 
-ONE_SHOT_COLUMNS = {"best_client_accuracy": "best client acc", "ensemble_accuracy": "ensemble acc",
-                    "ensemble_accuracy_stratified": "SA ensemble acc"}
+ONE_SHOT_COLUMNS = {
+    "best_client_accuracy": "best client acc",
+    "ensemble_accuracy": "ensemble acc",
+    "ensemble_accuracy_stratified": "SA ensemble acc",
+}
 MAX_CLIENT_COLUMNS = 10
 
 
@@ -164,9 +171,16 @@ def client_table(groups: dict[str, list], differing: set[str]) -> str:
     for members in with_clients:
         models = members[0][1].get("client_models", {})
         arch = {str(k): name for name, ks in models.items() for k in ks}
-        rows.append([label(members[0][2], differing),
-                     *[mean_std([s["client_accuracy"].get(k) for _, s, _ in members]) + (f" ({arch[k]})" if k in arch else "")
-                       for k in ids]])
+        rows.append(
+            [
+                label(members[0][2], differing),
+                *[
+                    mean_std([s["client_accuracy"].get(k) for _, s, _ in members])
+                    + (f" ({arch[k]})" if k in arch else "")
+                    for k in ids
+                ],
+            ]
+        )
     return table(header, rows)
 
 
@@ -215,8 +229,9 @@ def report_figure(run_dirs: list[str]):
     runs = read_runs(run_dirs)
     curves = {run_dir: read_curves(run_dir) for run_dir, _, _ in runs}  # every run checked before drawing
     differing = differing_keys([c for _, _, c in runs])
-    return curves_figure({label(members[0][2], differing): [curves[d] for d, _, _ in members]
-                          for members in group_runs(runs).values()})
+    return curves_figure(
+        {label(members[0][2], differing): [curves[d] for d, _, _ in members] for members in group_runs(runs).values()}
+    )
 
 
 def plot_report(run_dirs: list[str], path: str | Path) -> Path:

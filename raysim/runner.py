@@ -1,4 +1,5 @@
 """One experiment from config to run directory: prepare (no Ray), then drive the rounds on Ray."""
+
 from __future__ import annotations
 
 import hashlib
@@ -42,25 +43,39 @@ class Experiment:
 def prepare(config: Config) -> Experiment:
     if config.dataset.name == "embedded" and config.dataset.root is not None:
         # Not an error (the run is valid), but a user who set a root almost surely meant another dataset.
-        print(f"note: dataset.root={config.dataset.root} is ignored: the embedded dataset ships inside raysim "
-              f"(set dataset.name, e.g. dataset.name=fashion_mnist, to read files under that root)", file=sys.stderr)
+        print(
+            f"note: dataset.root={config.dataset.root} is ignored: the embedded dataset ships inside raysim "
+            f"(set dataset.name, e.g. dataset.name=fashion_mnist, to read files under that root)",
+            file=sys.stderr,
+        )
     dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.image_size)
     p = config.partition
     seed = config.seed if p.seed is None else p.seed
-    parts = partition(dataset.train_y, config.clients.num, p.kind, numpy_rng(seed, PARTITION),
-                      alpha=p.alpha, min_size=p.min_size, max_tries=p.max_tries,
-                      classes_per_client=p.classes_per_client, domains=dataset.train_domain,
-                      num_classes=dataset.num_classes)
+    parts = partition(
+        dataset.train_y,
+        config.clients.num,
+        p.kind,
+        numpy_rng(seed, PARTITION),
+        alpha=p.alpha,
+        min_size=p.min_size,
+        max_tries=p.max_tries,
+        classes_per_client=p.classes_per_client,
+        domains=dataset.train_domain,
+        num_classes=dataset.num_classes,
+    )
     empty = [k for k, idx in enumerate(parts) if len(idx) == 0]
     if empty:
-        raise RaysimError(f"{len(empty)} clients got no data with partition.kind={p.kind} "
-                          f"(first: client {empty[0]}): use fewer clients or another partition")
+        raise RaysimError(
+            f"{len(empty)} clients got no data with partition.kind={p.kind} "
+            f"(first: client {empty[0]}): use fewer clients or another partition"
+        )
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
     mean, std = dataset.mean_std()
     digest = data_digest(dataset, parts) if algorithm_class(config.algorithm["name"]).needs_data_digest else None
-    return Experiment(config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes),
-                      spec, mean, std, digest)
+    return Experiment(
+        config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes), spec, mean, std, digest
+    )
 
 
 def data_digest(dataset: ArrayDataset, parts: list[np.ndarray]) -> str:
@@ -78,9 +93,11 @@ def check_models(spec: ModelSpec) -> None:
         spec.build("cpu", arch)
     cls = algorithm_class(spec.config.algorithm["name"])
     if spec.heterogeneous and not cls.supports_client_models:
-        raise RaysimError(f"algorithm '{spec.config.algorithm['name']}' needs every client to have the server's "
-                          "model (it combines their weights): remove clients.models or choose an algorithm "
-                          "for heterogeneous models")
+        raise RaysimError(
+            f"algorithm '{spec.config.algorithm['name']}' needs every client to have the server's "
+            "model (it combines their weights): remove clients.models or choose an algorithm "
+            "for heterogeneous models"
+        )
     cls.check_models(spec)
 
 
@@ -103,18 +120,21 @@ def new_run_dir(config: Config, out: str | None) -> Path:
         run_dir = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
     for parent in [run_dir, *run_dir.parents]:
         if parent.exists() and not parent.is_dir():
-            raise RaysimError(f"--out '{run_dir}': '{parent}' is a file, not a folder: "
-                              "give a new or existing folder for the run")
+            raise RaysimError(
+                f"--out '{run_dir}': '{parent}' is a file, not a folder: give a new or existing folder for the run"
+            )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise RaysimError(f"cannot create the run directory '{run_dir}' ({exc.strerror}): "
-                          "choose another --out") from None
+        raise RaysimError(
+            f"cannot create the run directory '{run_dir}' ({exc.strerror}): choose another --out"
+        ) from None
     lock_run_dir(run_dir)  # held until this process ends: a second run with the same --out is refused
     if (run_dir / CONFIG_FILE).exists():
         unlock_run_dir(run_dir)
-        raise RaysimError(f"'{run_dir}' already holds a run: continue it with "
-                          f"'raysim run --resume {run_dir}' or choose another --out")
+        raise RaysimError(
+            f"'{run_dir}' already holds a run: continue it with 'raysim run --resume {run_dir}' or choose another --out"
+        )
     return run_dir
 
 
@@ -133,13 +153,15 @@ def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
     """The run's own config; only `rounds` (to extend a run) and `resources.*` may change."""
     run_dir = Path(run_dir)
     if not (run_dir / CONFIG_FILE).is_file():
-        raise RaysimError(f"'{run_dir}' is not a run directory (no {CONFIG_FILE}): "
-                          "pass the folder a previous 'raysim run' wrote")
+        raise RaysimError(
+            f"'{run_dir}' is not a run directory (no {CONFIG_FILE}): pass the folder a previous 'raysim run' wrote"
+        )
     for text in overrides:
         key = text.split("=", 1)[0]
         if key != "rounds" and not key.startswith("resources."):
-            raise RaysimError(f"'{key}' cannot change on --resume (only rounds and resources.* can): "
-                              "start a new run instead")
+            raise RaysimError(
+                f"'{key}' cannot change on --resume (only rounds and resources.* can): start a new run instead"
+            )
     return load_config(run_dir / CONFIG_FILE, overrides)
 
 
@@ -163,8 +185,13 @@ def client_placement():
     return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=-1)
 
 
-def run_experiment(config: Config, run_dir: Path, address: str | None = None,
-                   callbacks: list[Callback] = (), experiment: Experiment | None = None) -> dict[str, Any]:
+def run_experiment(
+    config: Config,
+    run_dir: Path,
+    address: str | None = None,
+    callbacks: list[Callback] = (),
+    experiment: Experiment | None = None,
+) -> dict[str, Any]:
     """Run (or continue) the experiment in `run_dir` and return its summary: the round loop.
 
     The run directory's outputs are the server's callbacks; `callbacks` run here, on the driver,
@@ -209,8 +236,13 @@ def write_actors_file(run_dir: Path, actor_info: list[dict[str, Any]], per_clien
 
     entries = []
     for i, info in enumerate(actor_info):
-        entry = {"actor": i, "node_id": info["node_id"], "device": info["device"], "gpu_ids": info["gpu_ids"],
-                 "clients": info["clients"]}
+        entry = {
+            "actor": i,
+            "node_id": info["node_id"],
+            "device": info["device"],
+            "gpu_ids": info["gpu_ids"],
+            "clients": info["clients"],
+        }
         if per_client_models:
             entry["models"] = info["models"]
         entries.append(entry)
@@ -233,8 +265,10 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     check_resources(res, num_actors)
     owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
     train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
-    shards = [[train_x, train_y, ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a})]
-              for a in range(num_actors)]
+    shards = [
+        [train_x, train_y, ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a})]
+        for a in range(num_actors)
+    ]
     # The server and the depot live on the driver's node, so the run directory is written where the
     # user looks and the shards stay reachable while the driver runs.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
@@ -242,15 +276,32 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote(shards)
     state_dir = str(run_dir / "client_state")
     placement = client_placement()
-    actors = [ClientActor.options(
-        num_cpus=res.cpus_per_actor, num_gpus=res.gpus_per_actor, max_restarts=res.max_restarts,
-        max_task_retries=res.max_task_retries, scheduling_strategy=placement,
-    ).remote(config, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
-        for a in range(num_actors)]
+    actors = [
+        ClientActor.options(
+            num_cpus=res.cpus_per_actor,
+            num_gpus=res.gpus_per_actor,
+            max_restarts=res.max_restarts,
+            max_task_retries=res.max_task_retries,
+            scheduling_strategy=placement,
+        ).remote(config, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
+        for a in range(num_actors)
+    ]
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
-        config, exp.spec, ray.put(exp.dataset.test_x), exp.dataset.test_y, exp.mean, exp.std,
-        str(run_dir), actors, owner, exp.counts, exp.dataset.classes, test_domain=exp.dataset.test_domain,
-        domains=exp.dataset.domains, data_digest=exp.data_digest)
+        config,
+        exp.spec,
+        ray.put(exp.dataset.test_x),
+        exp.dataset.test_y,
+        exp.mean,
+        exp.std,
+        str(run_dir),
+        actors,
+        owner,
+        exp.counts,
+        exp.dataset.classes,
+        test_domain=exp.dataset.test_domain,
+        domains=exp.dataset.domains,
+        data_digest=exp.data_digest,
+    )
     return server, actors, [depot, shards]
 
 
@@ -261,28 +312,55 @@ def _in_process(config: Config, exp: Experiment, run_dir: Path):
     from raysim.engine.server import ServerRuntime
 
     res = config.resources
-    clients = ClientRuntime(config, exp.spec, exp.dataset.train_x, exp.dataset.train_y, dict(enumerate(exp.parts)),
-                            exp.mean, exp.std, str(run_dir / "client_state"), res.gpus_per_actor)
+    clients = ClientRuntime(
+        config,
+        exp.spec,
+        exp.dataset.train_x,
+        exp.dataset.train_y,
+        dict(enumerate(exp.parts)),
+        exp.mean,
+        exp.std,
+        str(run_dir / "client_state"),
+        res.gpus_per_actor,
+    )
     actors = [InProcess(clients)]
-    server = InProcess(ServerRuntime(config, exp.spec, exp.dataset.test_x, exp.dataset.test_y, exp.mean, exp.std,
-                                     str(run_dir), actors, {k: 0 for k in clients.data}, exp.counts,
-                                     exp.dataset.classes, test_domain=exp.dataset.test_domain,
-                                     domains=exp.dataset.domains, data_digest=exp.data_digest))
+    server = InProcess(
+        ServerRuntime(
+            config,
+            exp.spec,
+            exp.dataset.test_x,
+            exp.dataset.test_y,
+            exp.mean,
+            exp.std,
+            str(run_dir),
+            actors,
+            {k: 0 for k in clients.data},
+            exp.counts,
+            exp.dataset.classes,
+            test_domain=exp.dataset.test_domain,
+            domains=exp.dataset.domains,
+            data_digest=exp.data_digest,
+        )
+    )
     return server, actors, []
 
 
 def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
     def mb(x: float) -> str:
         return f"{x / 1e6:.1f} MB"
+
     best = summary["best_accuracy"]
-    return (f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']}): "
-            f"final accuracy {summary['final_accuracy']:.4f}, best {best:.4f} (round {summary['best_round']}), "
-            f"{summary['rounds']} rounds, up {mb(summary['bytes_up'])}, down {mb(summary['bytes_down'])}, "
-            f"{summary['wall_time_s']:.1f} s -> {run_dir}")
+    return (
+        f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']}): "
+        f"final accuracy {summary['final_accuracy']:.4f}, best {best:.4f} (round {summary['best_round']}), "
+        f"{summary['rounds']} rounds, up {mb(summary['bytes_up'])}, down {mb(summary['bytes_down'])}, "
+        f"{summary['wall_time_s']:.1f} s -> {run_dir}"
+    )
 
 
-def run_with_progress(config: Config, run_dir: Path, address: str | None = None,
-                      experiment: Experiment | None = None) -> dict[str, Any]:
+def run_with_progress(
+    config: Config, run_dir: Path, address: str | None = None, experiment: Experiment | None = None
+) -> dict[str, Any]:
     """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
     exp = experiment or prepare(config)
     bar = ProgressBar(run_dir.name)
@@ -304,8 +382,14 @@ class ProgressBar(Callback):
     def on_run_start(self, start: RunStart) -> None:
         from tqdm import tqdm
 
-        self.bar = tqdm(total=start.rounds, initial=start.completed_rounds, desc=self.name, unit="round",
-                        file=sys.stderr, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=start.rounds,
+            initial=start.completed_rounds,
+            desc=self.name,
+            unit="round",
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
     def on_round_end(self, result: RoundResult) -> None:
         values = result.values
@@ -314,9 +398,11 @@ class ProgressBar(Callback):
         postfix["moved"] = f"{self.moved / 1e6:.1f}MB"
         restarts = int(values.get("actor_restarts", 0))
         if restarts:
-            self.bar.write(f"round {result.round}: {restarts} client actor restart(s) (Ray restarted a crashed "
-                           "actor; its clients' steps re-ran from their saved state, with the same numbers)",
-                           file=sys.stderr)
+            self.bar.write(
+                f"round {result.round}: {restarts} client actor restart(s) (Ray restarted a crashed "
+                "actor; its clients' steps re-ran from their saved state, with the same numbers)",
+                file=sys.stderr,
+            )
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
 

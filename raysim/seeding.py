@@ -3,6 +3,7 @@
 That is what makes a run give the same numbers whatever the number of actors,
 the order results arrive in, or a resume from a checkpoint.
 """
+
 from __future__ import annotations
 
 import zlib

@@ -3,6 +3,7 @@
 `raysim run quickstart` and `raysim run fedhydra/mnist_2cc_cpu` read raysim/configs/quickstart.yaml and
 raysim/configs/fedhydra/mnist_2cc_cpu.yaml; a file path that exists always wins over a shipped name.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,14 +20,18 @@ def resolve(path_or_name: str | Path) -> Path:
     if path.is_file():
         return path
     if path.is_dir():
-        raise RaysimError(f"'{text}' is a folder, not a config file: give a YAML file or a shipped "
-                          "config's name (list them with 'raysim configs')")
-    name = text[:-len(".yaml")] if text.endswith(".yaml") else text
+        raise RaysimError(
+            f"'{text}' is a folder, not a config file: give a YAML file or a shipped "
+            "config's name (list them with 'raysim configs')"
+        )
+    name = text[: -len(".yaml")] if text.endswith(".yaml") else text
     shipped = (ROOT / f"{name}.yaml").resolve()
     if name and shipped.is_relative_to(ROOT) and shipped.is_file():
         return shipped
-    raise RaysimError(f"config '{text}' does not exist, neither as a file nor as a shipped config: give "
-                      "a YAML file's path or a shipped config's name (list them with 'raysim configs')")
+    raise RaysimError(
+        f"config '{text}' does not exist, neither as a file nor as a shipped config: give "
+        "a YAML file's path or a shipped config's name (list them with 'raysim configs')"
+    )
 
 
 def list_configs() -> list[tuple[str, str]]:

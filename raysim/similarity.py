@@ -24,6 +24,7 @@ clients by relative CKA values, which this does not affect.
 A matrix whose columns do not vary over the rows (e.g. all zeros) has no centred signal: its CKA
 with anything is defined as 0, not NaN.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -71,8 +72,9 @@ def cka_matrix(matrices: Sequence[torch.Tensor]) -> np.ndarray:
     (DCFL's M: one classifier weight per client). The diagonal is 1 by definition, also for a
     degenerate matrix (whose other entries are 0)."""
     if len({len(m) for m in matrices}) > 1:
-        raise ValueError(f"cka_matrix compares matrices over the same rows, got row counts "
-                         f"{sorted({len(m) for m in matrices})}")
+        raise ValueError(
+            f"cka_matrix compares matrices over the same rows, got row counts {sorted({len(m) for m in matrices})}"
+        )
     xs = [centred(m) for m in matrices]
     selfs = [_alignment(x, x) for x in xs]
     out = np.eye(len(xs))

@@ -17,6 +17,7 @@ A sweep file (configs/sweeps/*.yaml):
 
 This module only reads and checks the file; `raysim.tuning` runs it with Ray Tune.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ METRICS = ("best_accuracy", "final_accuracy")
 @dataclass
 class SchedulerSpec:
     kind: str = "asha"
-    grace_period: int = 1        # rounds every trial runs before it can be stopped
+    grace_period: int = 1  # rounds every trial runs before it can be stopped
     reduction_factor: float = 2.0
 
 
@@ -72,21 +73,26 @@ class Sweep:
 
 def _check_space(space: Any, path: Path) -> dict[str, dict[str, list]]:
     if not isinstance(space, dict) or not space:
-        raise RaysimError(f"sweep '{path}': 'space' must map config keys to a search form, "
-                          "e.g. space: {{algorithm.gamma: {{grid: [0.5, 0.9]}}}}")
+        raise RaysimError(
+            f"sweep '{path}': 'space' must map config keys to a search form, "
+            "e.g. space: {{algorithm.gamma: {{grid: [0.5, 0.9]}}}}"
+        )
     checked = {}
     for key, spec in space.items():
         if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SPACE_FORMS:
-            raise RaysimError(f"sweep '{path}': space.{key} must be one of "
-                              f"{{grid: [...]}}, {{choice: [...]}}, {{uniform: [low, high]}}, "
-                              f"{{loguniform: [low, high]}}, got {spec!r}")
+            raise RaysimError(
+                f"sweep '{path}': space.{key} must be one of "
+                f"{{grid: [...]}}, {{choice: [...]}}, {{uniform: [low, high]}}, "
+                f"{{loguniform: [low, high]}}, got {spec!r}"
+            )
         form, values = next(iter(spec.items()))
         if not isinstance(values, list) or not values:
             raise RaysimError(f"sweep '{path}': space.{key}.{form} must be a non-empty list, got {values!r}")
         if form in ("uniform", "loguniform"):
             if len(values) != 2 or not all(isinstance(v, (int, float)) for v in values) or values[0] >= values[1]:
-                raise RaysimError(f"sweep '{path}': space.{key}.{form} must be [low, high] numbers "
-                                  f"with low < high, got {values!r}")
+                raise RaysimError(
+                    f"sweep '{path}': space.{key}.{form} must be [low, high] numbers with low < high, got {values!r}"
+                )
             if form == "loguniform" and values[0] <= 0:
                 raise RaysimError(f"sweep '{path}': space.{key}.loguniform needs low > 0, got {values[0]}")
         checked[str(key)] = {form: list(values)}
@@ -97,11 +103,13 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
     known = {"base", "overrides", "space", "metric", "samples", "concurrency", "scheduler", "seed"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise RaysimError(f"sweep '{path}': unknown key(s) {', '.join(unknown)}; valid keys are "
-                          f"{', '.join(sorted(known))}")
+        raise RaysimError(
+            f"sweep '{path}': unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(sorted(known))}"
+        )
     if "base" not in data:
-        raise RaysimError(f"sweep '{path}' has no 'base': name the experiment config to sweep, "
-                          "e.g. base: ../fedaf/cifar10_cpu.yaml")
+        raise RaysimError(
+            f"sweep '{path}' has no 'base': name the experiment config to sweep, e.g. base: ../fedaf/cifar10_cpu.yaml"
+        )
     base = Path(data["base"])
     base = base if base.is_absolute() else (path.parent / base)
     tree = read_yaml(base)
@@ -122,15 +130,25 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
     scheduler = data.get("scheduler")
     if scheduler is not None:
         if not isinstance(scheduler, dict) or scheduler.get("kind", "asha") != "asha":
-            raise RaysimError(f"sweep '{path}': scheduler must be {{kind: asha, grace_period: N, "
-                              f"reduction_factor: F}} or absent, got {scheduler!r}")
+            raise RaysimError(
+                f"sweep '{path}': scheduler must be {{kind: asha, grace_period: N, "
+                f"reduction_factor: F}} or absent, got {scheduler!r}"
+            )
         extra = sorted(set(scheduler) - {"kind", "grace_period", "reduction_factor"})
         if extra:
             raise RaysimError(f"sweep '{path}': unknown scheduler key(s) {', '.join(extra)}")
         scheduler = SchedulerSpec(**scheduler)
-    sweep = Sweep(base=base, base_tree=tree, space=_check_space(data.get("space"), path), metric=metric,
-                  samples=int(data.get("samples", 1)), concurrency=int(data.get("concurrency", 1)),
-                  scheduler=scheduler, seed=int(data.get("seed", 0)), source=data)
+    sweep = Sweep(
+        base=base,
+        base_tree=tree,
+        space=_check_space(data.get("space"), path),
+        metric=metric,
+        samples=int(data.get("samples", 1)),
+        concurrency=int(data.get("concurrency", 1)),
+        scheduler=scheduler,
+        seed=int(data.get("seed", 0)),
+        source=data,
+    )
     if sweep.samples < 1 or sweep.concurrency < 1:
         raise RaysimError(f"sweep '{path}': samples and concurrency must be >= 1")
     # Every swept key must be a real config key with a valid value: fail now, not inside a trial.

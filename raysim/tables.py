@@ -3,6 +3,7 @@
 Columns are two spaces apart under a dashed rule; a column of numbers is right-aligned, any other
 column left-aligned; trailing blanks are cut.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,13 @@ def is_number(cell: str) -> bool:
     return _NUMERIC.fullmatch(cell.strip()) is not None
 
 
-def text_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], *,
-               footer: Sequence[Sequence[Any]] = (), align: str | None = None) -> str:
+def text_table(
+    header: Sequence[Any],
+    rows: Sequence[Sequence[Any]],
+    *,
+    footer: Sequence[Sequence[Any]] = (),
+    align: str | None = None,
+) -> str:
     """`rows` under `header`, then `footer` (e.g. a totals row) under a second rule.
 
     Cells are printed with str(). `align` gives one letter per column, "l" or "r"; by default a
@@ -35,9 +41,12 @@ def text_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], *,
     if align is None:
         body = cells[1:]
         align = "".join(
-            "r" if any(r[j].strip() not in _BLANK for r in body)
-            and all(r[j].strip() in _BLANK or is_number(r[j]) for r in body) else "l"
-            for j in range(n))
+            "r"
+            if any(r[j].strip() not in _BLANK for r in body)
+            and all(r[j].strip() in _BLANK or is_number(r[j]) for r in body)
+            else "l"
+            for j in range(n)
+        )
     elif len(align) != n or set(align) - {"l", "r"}:
         raise ValueError(f"align needs one 'l' or 'r' per column ({n}), got {align!r}")
     widths = [max(len(r[j]) for r in cells) for j in range(n)]
@@ -46,7 +55,7 @@ def text_table(header: Sequence[Any], rows: Sequence[Sequence[Any]], *,
         return "  ".join(c.rjust(w) if a == "r" else c.ljust(w) for c, w, a in zip(row, widths, align)).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
-    lines = [line(cells[0]), rule, *(line(r) for r in cells[1:len(rows) + 1])]
+    lines = [line(cells[0]), rule, *(line(r) for r in cells[1 : len(rows) + 1])]
     if footer:
-        lines += [rule, *(line(r) for r in cells[len(rows) + 1:])]
+        lines += [rule, *(line(r) for r in cells[len(rows) + 1 :])]
     return "\n".join(lines)

@@ -1,9 +1,11 @@
 """Moving model weights between torch modules and numpy (what crosses the object store)."""
+
 from __future__ import annotations
 
 import io
 import pickle
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +38,9 @@ def is_float(array: np.ndarray) -> bool:
     return np.issubdtype(array.dtype, np.floating)
 
 
-def weighted_average(weight_dicts: list[Weights], coefficients: Iterable[float],
-                     keys: Iterable[str] | None = None) -> Weights:
+def weighted_average(
+    weight_dicts: list[Weights], coefficients: Iterable[float], keys: Iterable[str] | None = None
+) -> Weights:
     """sum_k c_k * w_k for float entries (c normalised to sum to 1), computed in float64 in list order.
 
     Integer buffers (BatchNorm's num_batches_tracked) take the maximum.

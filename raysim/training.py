@@ -5,12 +5,13 @@ fine-tuning, distillation), and evaluation.
 the loss (cross-entropy, with an algorithm's extra terms, or soft labels), the optimiser, an
 augmentation applied per batch, a hook on the gradients, and how an epoch is cut into batches.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -43,15 +44,25 @@ def even_batches(order: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, ..
 
 @dataclass
 class TrainStats:
-    steps: int              # optimiser steps taken
-    mean_loss: float        # over every step
+    steps: int  # optimiser steps taken
+    mean_loss: float  # over every step
     last_epoch_loss: float  # over the last epoch's steps
 
 
-def train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-          optimizer: torch.optim.Optimizer, generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
-          augment: Augment | None = None, grad_hook: GradHook | None = None,
-          split: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]] = fixed_batches) -> TrainStats:
+def train(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    loss_fn: LossFn = cross_entropy_loss,
+    augment: Augment | None = None,
+    grad_hook: GradHook | None = None,
+    split: Callable[[torch.Tensor, int], tuple[torch.Tensor, ...]] = fixed_batches,
+) -> TrainStats:
     """`epochs` of mini-batch training of `model` on (x, y); y is whatever `loss_fn` takes (labels,
     soft-label logits). Each epoch's order is drawn from `generator`, then, per batch, the seed of
     `augment`. `grad_hook` edits the gradients before each step (SCAFFOLD's correction)."""
@@ -82,10 +93,17 @@ def make_optimizer(params, local: LocalConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=local.lr, momentum=local.momentum, weight_decay=local.weight_decay)
 
 
-def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local: LocalConfig,
-                generator: torch.Generator, loss_fn: LossFn = cross_entropy_loss,
-                grad_hook: GradHook | None = None, epochs: int | None = None,
-                client_state: dict | None = None) -> tuple[int, float]:
+def local_train(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    local: LocalConfig,
+    generator: torch.Generator,
+    loss_fn: LossFn = cross_entropy_loss,
+    grad_hook: GradHook | None = None,
+    epochs: int | None = None,
+    client_state: dict | None = None,
+) -> tuple[int, float]:
     """A client's `local.epochs` of training; returns (optimizer steps taken, mean training loss).
 
     `loss_fn` adds the algorithm's terms (proximal, contrastive, ...);
@@ -97,8 +115,17 @@ def local_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, local:
     keep = local.keep_optimizer and client_state is not None
     if keep and "optimizer" in client_state:
         optimizer.load_state_dict(client_state["optimizer"])
-    stats = train(model, x, y, epochs=local.epochs if epochs is None else epochs, batch_size=local.batch_size,
-                  optimizer=optimizer, generator=generator, loss_fn=loss_fn, grad_hook=grad_hook)
+    stats = train(
+        model,
+        x,
+        y,
+        epochs=local.epochs if epochs is None else epochs,
+        batch_size=local.batch_size,
+        optimizer=optimizer,
+        generator=generator,
+        loss_fn=loss_fn,
+        grad_hook=grad_hook,
+    )
     if keep:
         client_state["optimizer"] = to_cpu(optimizer.state_dict())
     return stats.steps, stats.mean_loss
@@ -116,15 +143,33 @@ def soft_label_loss(model: torch.nn.Module, x: torch.Tensor, label_logits: torch
     return soft_cross_entropy(model(x), label_logits)
 
 
-def train_soft_labels(model: torch.nn.Module, x: torch.Tensor, label_logits: torch.Tensor, epochs: int,
-                      batch_size: int, lr: float, generator: torch.Generator, augment: Augment | None,
-                      keep_bn_statistics: bool = False) -> TrainStats:
+def train_soft_labels(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    augment: Augment | None,
+    keep_bn_statistics: bool = False,
+) -> TrainStats:
     """Adam on (x, soft labels) in even batches (DynaFed's server-side refinement, Algorithm 2).
     keep_bn_statistics: batch norm's running statistics stay those the model came with."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     with batchnorm_statistics_frozen(model) if keep_bn_statistics else nullcontext():
-        return train(model, x, label_logits, epochs=epochs, batch_size=batch_size, optimizer=optimizer,
-                     generator=generator, loss_fn=soft_label_loss, augment=augment, split=even_batches)
+        return train(
+            model,
+            x,
+            label_logits,
+            epochs=epochs,
+            batch_size=batch_size,
+            optimizer=optimizer,
+            generator=generator,
+            loss_fn=soft_label_loss,
+            augment=augment,
+            split=even_batches,
+        )
 
 
 def to_cpu(tree):
@@ -153,13 +198,14 @@ def batchnorm_statistics_frozen(model: torch.nn.Module) -> Iterator[torch.nn.Mod
 
 
 @torch.no_grad()
-def _predictions(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                 batch_size: int) -> tuple[torch.Tensor, float]:
+def _predictions(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
+) -> tuple[torch.Tensor, float]:
     """(per-sample correctness, summed cross-entropy) of `model` on (x, y), in eval mode."""
     model.eval()
     correct, loss = [], 0.0
     for start in range(0, len(y), batch_size):
-        xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
         logits = model(xb)
         loss += float(F.cross_entropy(logits, yb, reduction="sum"))
         correct.append(logits.argmax(1) == yb)
@@ -172,11 +218,19 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_siz
     return int(correct.sum()) / len(y), loss / len(y)
 
 
-def evaluate_by_group(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, groups: torch.Tensor,
-                      num_groups: int, batch_size: int = 1000) -> tuple[float, float, list[float]]:
+def evaluate_by_group(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    groups: torch.Tensor,
+    num_groups: int,
+    batch_size: int = 1000,
+) -> tuple[float, float, list[float]]:
     """evaluate() plus the accuracy within each group (e.g. each DomainNet domain's test split),
     from one pass over the data."""
     correct, loss = _predictions(model, x, y, batch_size)
-    per_group = [float(correct[groups == g].float().mean()) if bool((groups == g).any()) else float("nan")
-                 for g in range(num_groups)]
+    per_group = [
+        float(correct[groups == g].float().mean()) if bool((groups == g).any()) else float("nan")
+        for g in range(num_groups)
+    ]
     return int(correct.sum()) / len(y), loss / len(y), per_group

@@ -13,6 +13,7 @@ Layout of the sweep directory DIR:
   trials.parquet          one row per trial: its parameters, metrics, run directory
   best.yaml               the best trial's config, runnable with `raysim run`
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,12 @@ def trial_bundles(resources: ResourcesConfig) -> list[dict[str, float]]:
 def _param_space(sweep: Sweep) -> dict[str, Any]:
     from ray import tune
 
-    forms = {"grid": tune.grid_search, "choice": tune.choice,
-             "uniform": lambda v: tune.uniform(*v), "loguniform": lambda v: tune.loguniform(*v)}
+    forms = {
+        "grid": tune.grid_search,
+        "choice": tune.choice,
+        "uniform": lambda v: tune.uniform(*v),
+        "loguniform": lambda v: tune.loguniform(*v),
+    }
     return {key: forms[form](values) for key, spec in sweep.space.items() for form, values in spec.items()}
 
 
@@ -87,8 +92,9 @@ class TuneReport(Callback):
             self.last = result.values["accuracy"]
             self.best = max(self.best, self.last)
         last = self.last if self.last is not None else 0.0
-        tune.report({"round": result.round, "accuracy": last, "final_accuracy": last,
-                     "best_accuracy": max(self.best, 0.0)})
+        tune.report(
+            {"round": result.round, "accuracy": last, "final_accuracy": last, "best_accuracy": max(self.best, 0.0)}
+        )
 
 
 def _write_sweep(sweep: Sweep, sweep_dir: Path) -> None:
@@ -107,25 +113,36 @@ def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
     def trainable(params):
         _trial(params, sweep, sweep_dir)
 
-    resources = tune.with_resources(trainable, lambda params: tune.PlacementGroupFactory(
-        trial_bundles(sweep.trial_config(params).resources)))
+    resources = tune.with_resources(
+        trainable, lambda params: tune.PlacementGroupFactory(trial_bundles(sweep.trial_config(params).resources))
+    )
     if restore:
-        return tune.Tuner.restore(str(sweep_dir / TUNE_DIR), trainable=resources,
-                                  resume_unfinished=True, resume_errored=True)
+        return tune.Tuner.restore(
+            str(sweep_dir / TUNE_DIR), trainable=resources, resume_unfinished=True, resume_errored=True
+        )
     scheduler = None
     if sweep.scheduler is not None:
         rounds = sweep.trial_config(sweep.example_params()).rounds
         # max_t one past the last round: ASHA never cuts a trial short of its final model and summary.
-        scheduler = ASHAScheduler(time_attr="training_iteration", metric="accuracy", mode="max",
-                                  max_t=rounds + 1, grace_period=sweep.scheduler.grace_period,
-                                  reduction_factor=sweep.scheduler.reduction_factor)
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration",
+            metric="accuracy",
+            mode="max",
+            max_t=rounds + 1,
+            grace_period=sweep.scheduler.grace_period,
+            reduction_factor=sweep.scheduler.reduction_factor,
+        )
     return tune.Tuner(
-        resources, param_space=_param_space(sweep),
+        resources,
+        param_space=_param_space(sweep),
         tune_config=tune.TuneConfig(
             # The generator enforces the concurrency (Tune ignores max_concurrent_trials with it, and warns).
-            num_samples=sweep.samples, scheduler=scheduler,
-            search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.concurrency)),
-        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0))
+            num_samples=sweep.samples,
+            scheduler=scheduler,
+            search_alg=BasicVariantGenerator(random_state=sweep.seed, max_concurrent=sweep.concurrency),
+        ),
+        run_config=tune.RunConfig(name=TUNE_DIR, storage_path=str(sweep_dir), verbose=0),
+    )
 
 
 def plan_trial_actors(sweep: Sweep) -> None:
@@ -138,8 +155,10 @@ def plan_trial_actors(sweep: Sweep) -> None:
     cpus = ray.cluster_resources().get("CPU", 0.0)
     actors = max(1, math.floor(cpus / sweep.concurrency / res.cpus_per_actor + 1e-9))
     sweep.base_tree.setdefault("resources", {})["actors"] = actors
-    print(f"resources.actors=auto: {actors} client actor(s) per trial ({cpus:g} CPUs shared by "
-          f"{sweep.concurrency} concurrent trials at {res.cpus_per_actor:g} CPU per actor)")
+    print(
+        f"resources.actors=auto: {actors} client actor(s) per trial ({cpus:g} CPUs shared by "
+        f"{sweep.concurrency} concurrent trials at {res.cpus_per_actor:g} CPU per actor)"
+    )
 
 
 def check_sweep_fits(sweep: Sweep) -> None:
@@ -153,8 +172,10 @@ def check_sweep_fits(sweep: Sweep) -> None:
             need[kind] = need.get(kind, 0.0) + amount
     for kind, amount in need.items():
         if amount > total.get(kind, 0.0) + 1e-9:
-            raise RaysimError(f"one trial needs {amount:g} {kind}s (its client actors) but the Ray cluster has "
-                              f"{total.get(kind, 0.0):g}: lower resources.actors or the per-actor share in the base")
+            raise RaysimError(
+                f"one trial needs {amount:g} {kind}s (its client actors) but the Ray cluster has "
+                f"{total.get(kind, 0.0):g}: lower resources.actors or the per-actor share in the base"
+            )
 
 
 def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]:
@@ -169,20 +190,30 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
             trial_id = next((d.name for d in (sweep_dir / RUNS_DIR).glob("*") if d.name in names), "")
         run_dir = sweep_dir / RUNS_DIR / trial_id
         summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-        rows.append({"trial_id": trial_id, **params,
-                     "best_accuracy": summary.get("best_accuracy"), "final_accuracy": summary.get("final_accuracy"),
-                     "rounds": summary.get("rounds", 0), "wall_time_s": summary.get("wall_time_s"),
-                     "status": "error" if result.error else (
-                         "finished" if summary.get("rounds", 0) >= summary.get("rounds_planned", 1) else "stopped"),
-                     "run_dir": str(run_dir)})
+        rows.append(
+            {
+                "trial_id": trial_id,
+                **params,
+                "best_accuracy": summary.get("best_accuracy"),
+                "final_accuracy": summary.get("final_accuracy"),
+                "rounds": summary.get("rounds", 0),
+                "wall_time_s": summary.get("wall_time_s"),
+                "status": "error"
+                if result.error
+                else ("finished" if summary.get("rounds", 0) >= summary.get("rounds_planned", 1) else "stopped"),
+                "run_dir": str(run_dir),
+            }
+        )
     rows.sort(key=lambda r: -(r[sweep.metric] if r[sweep.metric] is not None else -1.0))
     return rows
 
 
 def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
     columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "rounds", "status"]
+
     def cell(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)
+
     return text_table(columns, [[cell(r[c]) for c in columns] for r in rows])
 
 
@@ -199,8 +230,11 @@ def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> 
         return None
     config = sweep.trial_config({key: best[key] for key in sweep.space})
     path = sweep_dir / "best.yaml"
-    write_text(path, f"# best trial {best['trial_id']} of {sweep_dir} by {sweep.metric} = "
-                     f"{best[sweep.metric]:.4f}\n" + dump_config(config))
+    write_text(
+        path,
+        f"# best trial {best['trial_id']} of {sweep_dir} by {sweep.metric} = "
+        f"{best[sweep.metric]:.4f}\n" + dump_config(config),
+    )
     return path
 
 
@@ -219,8 +253,10 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
     rows = trials_table(sweep, sweep_dir, results)
     print(format_table(rows, sweep))
     best = write_results(rows, sweep, sweep_dir)
-    print(f"{len(rows)} trials -> {sweep_dir / 'trials.parquet'}"
-          + (f"; best config -> {best} (run it with: raysim run {best})" if best else ""))
+    print(
+        f"{len(rows)} trials -> {sweep_dir / 'trials.parquet'}"
+        + (f"; best config -> {best} (run it with: raysim run {best})" if best else "")
+    )
     # Tune returns only the trials it created; an interrupted grid has fewer, or unfinished ones.
     expected = sweep.grid_size() * sweep.samples
     unfinished = sweep.scheduler is None and any(r["status"] == "stopped" for r in rows)
@@ -231,6 +267,8 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
 
 def resume_sweep(sweep_dir: Path, address: str | None = None) -> list[dict]:
     if not (sweep_dir / "sweep.yaml").exists() or not (sweep_dir / TUNE_DIR).exists():
-        raise RaysimError(f"'{sweep_dir}' is not a sweep directory (no sweep.yaml and tune/): "
-                          "give the --out DIR of an earlier `raysim tune`")
+        raise RaysimError(
+            f"'{sweep_dir}' is not a sweep directory (no sweep.yaml and tune/): "
+            "give the --out DIR of an earlier `raysim tune`"
+        )
     return run_sweep(load_sweep(sweep_dir / "sweep.yaml"), sweep_dir, address, restore=True)

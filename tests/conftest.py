@@ -1,4 +1,5 @@
 """One Ray instance for the whole test session (starting Ray costs seconds), shut down at the end."""
+
 from __future__ import annotations
 
 import os
@@ -13,14 +14,22 @@ def shared_data(name: str) -> Path:
     """Path to ../shared/data/NAME, or skip the test with the reason."""
     path = SHARED_DATA / name
     if not (path / "train.parquet").is_file():
-        pytest.skip(f"needs the real {name} Parquet files at {path} (present in CI, "
-                    "absent on a fresh clone without ../shared)")
+        pytest.skip(
+            f"needs the real {name} Parquet files at {path} (present in CI, absent on a fresh clone without ../shared)"
+        )
     return path
 
 
 # Files with the longest end-to-end runs start first, so the two xdist workers finish together.
-LONG_FIRST = ("test_tune.py", "test_oneshot.py", "test_engine_features.py", "test_real_data.py", "test_dynafed.py", "test_faults.py",
-              "test_fedaf.py")
+LONG_FIRST = (
+    "test_tune.py",
+    "test_oneshot.py",
+    "test_engine_features.py",
+    "test_real_data.py",
+    "test_dynafed.py",
+    "test_faults.py",
+    "test_fedaf.py",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -33,17 +42,31 @@ def ray_session():
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # One logical GPU lets the tests schedule fractional-GPU actors on this CPU machine.
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-             object_store_memory=400 * 2**20, logging_level="ERROR")
+    ray.init(
+        address="local",
+        num_cpus=2,
+        num_gpus=1,
+        include_dashboard=False,
+        object_store_memory=400 * 2**20,
+        logging_level="ERROR",
+    )
     yield ray
     ray.shutdown()
 
 
 def tiny_overrides(**extra) -> list[str]:
     """A small, fast experiment on the embedded dataset, on 2 client actors."""
-    base = {"rounds": 2, "clients.num": 6, "clients.per_round": 6, "model.width": 8,
-            "local.epochs": 1, "local.batch_size": 64, "partition.alpha": 0.5,
-            "resources.actors": 2, "output.tensorboard": False}
+    base = {
+        "rounds": 2,
+        "clients.num": 6,
+        "clients.per_round": 6,
+        "model.width": 8,
+        "local.epochs": 1,
+        "local.batch_size": 64,
+        "partition.alpha": 0.5,
+        "resources.actors": 2,
+        "output.tensorboard": False,
+    }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -69,11 +92,13 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
         overrides = {"resources.in_process": True, **overrides}
         key = tuple(sorted((k, str(v)) for k, v in overrides.items()))
         if key not in _tiny_runs:
-            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml",
-                                 tiny_overrides(**overrides))
+            config = load_config(
+                Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml", tiny_overrides(**overrides)
+            )
             run_dir = tmp_path_factory.mktemp("run")
             _tiny_runs[key] = run_experiment(config, run_dir), run_dir
         return _tiny_runs[key]
+
     return run
 
 
@@ -88,10 +113,19 @@ def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: i
     from raysim.outputs.state_files import read_checkpoint
 
     root = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "-m", "raysim.cli", "run", str(root / "configs/quickstart.yaml"), *overrides,
-           "--out", str(run_dir)]
-    proc = subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        str(root / "configs/quickstart.yaml"),
+        *overrides,
+        "--out",
+        str(run_dir),
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     checkpoint = run_dir / "checkpoints/last.pt"
     deadline = time.time() + 240
     while time.time() < deadline:

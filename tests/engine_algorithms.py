@@ -1,5 +1,6 @@
 """Small algorithms that exercise the engine's general features; used by tests/test_engine_features.py
 as user code (`algorithm.name: tests.engine_algorithms:Class`), the way a researcher's own file is."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,8 +60,7 @@ class OneShotDistill(Algorithm):
                 ctx.log.client_value(reply.client, "own_accuracy", evaluate(teacher, ctx.test_x, ctx.test_y)[0])
             with torch.no_grad():
                 ensemble = torch.stack([F.softmax(t(ctx.test_x), 1) for t in teachers]).mean(0)
-            ctx.log.scalar("ensemble_accuracy", float((ensemble.argmax(1) == ctx.test_y).float().mean()),
-                           summary=True)
+            ctx.log.scalar("ensemble_accuracy", float((ensemble.argmax(1) == ctx.test_y).float().mean()), summary=True)
             return state
         student = ctx.model("student")
         load_weights(student, state["weights"])

@@ -1,4 +1,5 @@
 """Consistency checks that could fail: each variant reduces to FedAvg where its paper says it must."""
+
 from __future__ import annotations
 
 import re
@@ -8,10 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from raysim.outputs.state_files import load_state, read_checkpoint
 from raysim.registry import builtin_names
 from tests.test_dynafed import TINY as DYNAFED
 from tests.test_fedaf import TINY_CONDENSATION
-from raysim.outputs.state_files import load_state, read_checkpoint
 
 
 def server_values(run_dir, metric="accuracy"):
@@ -30,8 +31,6 @@ def assert_same_weights(a, b, exact=True):
             assert np.array_equal(a[key], b[key]), key
         else:
             np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
-
-
 
 
 def test_fedprox_with_mu_zero_is_fedavg(run_tiny):
@@ -104,22 +103,41 @@ LEARNS_WITH = {
     "fedaf": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05},
     "feddm": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05},
     "dynafed": DYNAFED,
-    "dcfl": {**TINY_CONDENSATION, "algorithm.server_epochs": 20, "algorithm.server_lr": 0.05,
-             "algorithm.pretrain_fraction": 0.5},
+    "dcfl": {
+        **TINY_CONDENSATION,
+        "algorithm.server_epochs": 20,
+        "algorithm.server_lr": 0.05,
+        "algorithm.pretrain_fraction": 0.5,
+    },
 }
 # The one-shot methods (one client round, then distillation epochs) on near-IID clients, whose
 # ensemble is a good teacher: at alpha 0.1 a 6-client ensemble of this tiny net is not.
-ONE_SHOT = {"rounds": 7, "partition.alpha": 100.0, "model.name": "cnn2", "local.epochs": 3,
-            "algorithm.cache_client_stage": False, "algorithm.nz": 32, "algorithm.ngf": 16,
-            "algorithm.generator_steps": 20, "algorithm.synthesis_batch": 64,
-            "algorithm.kd_batch": 16, "algorithm.stratify_steps": 10, "algorithm.stratify_batch": 32}
+ONE_SHOT = {
+    "rounds": 7,
+    "partition.alpha": 100.0,
+    "model.name": "cnn2",
+    "local.epochs": 3,
+    "algorithm.cache_client_stage": False,
+    "algorithm.nz": 32,
+    "algorithm.ngf": 16,
+    "algorithm.generator_steps": 20,
+    "algorithm.synthesis_batch": 64,
+    "algorithm.kd_batch": 16,
+    "algorithm.stratify_steps": 10,
+    "algorithm.stratify_batch": 32,
+}
 LEARNS_WITH.update({name: ONE_SHOT for name in ("fedavg_oneshot", "ot_fusion", "dense", "coboosting", "fedhydra")})
 # SA's teacher is softer (eq. 8 scales each client's logits by U_c, about 1/C for a client that knows
 # every class), so the server model learns more slowly from it
 LEARNS_WITH["fedhydra"] = {**ONE_SHOT, "rounds": 11}
 # FedDF distils on unlabelled data; here the training images themselves, without their labels
-LEARNS_WITH["feddf"] = {**ONE_SHOT, "algorithm.distill_source": "dataset", "algorithm.distill_dataset": "embedded",
-                        "algorithm.distill_root": "embedded", "algorithm.pool_size": 1000}
+LEARNS_WITH["feddf"] = {
+    **ONE_SHOT,
+    "algorithm.distill_source": "dataset",
+    "algorithm.distill_dataset": "embedded",
+    "algorithm.distill_root": "embedded",
+    "algorithm.pool_size": 1000,
+}
 # FedDM condenses a fresh set every round, so at this scale its round 1 can be its best
 # (measured: 0.600, 0.532, 0.587); the others build on the previous round.
 # FedAvg one-shot and OT fusion combine the models once, in round 1, and keep the result.
@@ -128,10 +146,11 @@ NOT_MONOTONE = {"feddm", "fedavg_oneshot", "ot_fusion"}
 
 @pytest.mark.parametrize("name", builtin_names())
 def test_every_algorithm_learns(run_tiny, name):
-    summary, run_dir = run_tiny(**{"rounds": 3, "partition.alpha": 0.1, **LEARNS_WITH.get(name, {}),
-                                   "algorithm.name": name})
+    summary, run_dir = run_tiny(
+        **{"rounds": 3, "partition.alpha": 0.1, **LEARNS_WITH.get(name, {}), "algorithm.name": name}
+    )
     accuracy = server_values(run_dir)
-    assert summary["final_accuracy"] > 0.25, accuracy     # chance is 0.1
+    assert summary["final_accuracy"] > 0.25, accuracy  # chance is 0.1
     if name not in NOT_MONOTONE:
         assert max(accuracy[1:]) > accuracy[0], accuracy
 

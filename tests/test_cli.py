@@ -1,4 +1,5 @@
 """The command line: bad input gets one line and exit code 2; the listing commands work."""
+
 from __future__ import annotations
 
 import re
@@ -13,27 +14,31 @@ QUICK = str(ROOT / "configs/quickstart.yaml")
 
 
 def raysim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "raysim.cli", *args], capture_output=True, text=True, timeout=120, cwd=cwd
+    )
 
 
-@pytest.mark.parametrize("args, words", [
-    ([QUICK, "dataset.name=imagenet"], "unknown dataset 'imagenet'"),
-    ([QUICK, "dataset.name=mnist", "dataset.root=/no/such/folder"], "does not exist"),
-    ([QUICK, "dataset.name=cifar10"], "dataset.root must be set"),
-    ([QUICK, "partition.alpha=0"], "partition.alpha must be > 0"),
-    ([QUICK, "partition.alpha=-0.5"], "partition.alpha must be > 0"),
-    ([QUICK, "clients.num=20000", "clients.per_round=1"], "exceeds the 10000 training samples"),
-    ([QUICK, "algorithm.name=fedsgd"], "unknown algorithm 'fedsgd'"),
-    ([QUICK, "model.name=vgg"], "unknown model 'vgg'"),
-    ([QUICK, "modle.name=convnet"], "unknown config key 'modle'"),
-    ([QUICK, "local.epocs=3"], "unknown config key 'local.epocs'"),
-    ([QUICK, "algorithm.mu=0.1"], "unknown config key 'algorithm.mu'"),
-    ([QUICK, "rounds=many"], "must be an integer"),
-    ([QUICK, "eval.targets=[0.8,80]"], "eval.targets must be test accuracies in (0, 1], got [80]"),
-    (["MALFORMED"], "not valid YAML"),
-    (["/no/such/config.yaml"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        ([QUICK, "dataset.name=imagenet"], "unknown dataset 'imagenet'"),
+        ([QUICK, "dataset.name=mnist", "dataset.root=/no/such/folder"], "does not exist"),
+        ([QUICK, "dataset.name=cifar10"], "dataset.root must be set"),
+        ([QUICK, "partition.alpha=0"], "partition.alpha must be > 0"),
+        ([QUICK, "partition.alpha=-0.5"], "partition.alpha must be > 0"),
+        ([QUICK, "clients.num=20000", "clients.per_round=1"], "exceeds the 10000 training samples"),
+        ([QUICK, "algorithm.name=fedsgd"], "unknown algorithm 'fedsgd'"),
+        ([QUICK, "model.name=vgg"], "unknown model 'vgg'"),
+        ([QUICK, "modle.name=convnet"], "unknown config key 'modle'"),
+        ([QUICK, "local.epocs=3"], "unknown config key 'local.epocs'"),
+        ([QUICK, "algorithm.mu=0.1"], "unknown config key 'algorithm.mu'"),
+        ([QUICK, "rounds=many"], "must be an integer"),
+        ([QUICK, "eval.targets=[0.8,80]"], "eval.targets must be test accuracies in (0, 1], got [80]"),
+        (["MALFORMED"], "not valid YAML"),
+        (["/no/such/config.yaml"], "does not exist"),
+    ],
+)
 def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, args, words):
     from raysim.cli import main
 
@@ -64,8 +69,18 @@ def test_listings():
         assert name in algorithms.stdout
     datasets = raysim("datasets")
     assert datasets.returncode == 0
-    for name in ("embedded", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet",
-                 "convnet", "resnet18"):
+    for name in (
+        "embedded",
+        "mnist",
+        "fashion_mnist",
+        "cifar10",
+        "cifar100",
+        "svhn",
+        "cinic10",
+        "domainnet",
+        "convnet",
+        "resnet18",
+    ):
         assert name in datasets.stdout
 
 
@@ -94,9 +109,19 @@ def fake_run(run: Path, algorithm: dict, seed: int, best: float, config: dict = 
     run.mkdir()
     config = {"seed": seed, "rounds": 10, "dataset": {"name": "cifar10"}, "algorithm": algorithm, **dict(config)}
     (run / "config.yaml").write_text(yaml.safe_dump(config))
-    (run / "summary.json").write_text(json.dumps({
-        "final_accuracy": best, "best_accuracy": best, "rounds": 10, "bytes_up": 1e6, "bytes_down": 1e6,
-        "wall_time_s": 60.0, **summary}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "final_accuracy": best,
+                "best_accuracy": best,
+                "rounds": 10,
+                "bytes_up": 1e6,
+                "bytes_down": 1e6,
+                "wall_time_s": 60.0,
+                **summary,
+            }
+        )
+    )
     return str(run)
 
 
@@ -104,15 +129,20 @@ def test_report_compares_algorithms_with_different_parameters(tmp_path):
     """FedAvg beside FedDM and FedAF (each with its own algorithm.* keys), FedDM at two settings."""
     from raysim.report import report
 
-    runs = [fake_run(tmp_path / "avg", {"name": "fedavg"}, 0, 0.40),
-            fake_run(tmp_path / "dm10", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 0, 0.39),
-            fake_run(tmp_path / "dm10b", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 1, 0.41),
-            fake_run(tmp_path / "dm2", {"name": "feddm", "rho": 5.0, "init_average_of": 2}, 0, 0.51),
-            fake_run(tmp_path / "af", {"name": "fedaf", "gamma": 0.5}, 0, 0.48)]
+    runs = [
+        fake_run(tmp_path / "avg", {"name": "fedavg"}, 0, 0.40),
+        fake_run(tmp_path / "dm10", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 0, 0.39),
+        fake_run(tmp_path / "dm10b", {"name": "feddm", "rho": 5.0, "init_average_of": 10}, 1, 0.41),
+        fake_run(tmp_path / "dm2", {"name": "feddm", "rho": 5.0, "init_average_of": 2}, 0, 0.51),
+        fake_run(tmp_path / "af", {"name": "fedaf", "gamma": 0.5}, 0, 0.48),
+    ]
     rows = report(runs).splitlines()[2:]
     assert [r.split("  ")[0] for r in rows] == [
-        "fedavg cifar10", "feddm cifar10 algorithm.init_average_of=10", "feddm cifar10 algorithm.init_average_of=2",
-        "fedaf cifar10"]
+        "fedavg cifar10",
+        "feddm cifar10 algorithm.init_average_of=10",
+        "feddm cifar10 algorithm.init_average_of=2",
+        "fedaf cifar10",
+    ]
     assert "0.4000 +- 0.0141" in rows[1]  # two seeds folded
 
 
@@ -120,14 +150,22 @@ def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_re
     from raysim.report import report
 
     def run(name, algorithm, seed, reached, targets=(0.5, 0.6)):
-        return fake_run(tmp_path / name, {"name": algorithm}, seed, 0.6, {"eval": {"targets": list(targets)}},
-                        rounds_to_accuracy=reached)
+        return fake_run(
+            tmp_path / name,
+            {"name": algorithm},
+            seed,
+            0.6,
+            {"eval": {"targets": list(targets)}},
+            rounds_to_accuracy=reached,
+        )
 
-    runs = [run("avg0", "fedavg", 0, {"0.5": 4, "0.6": None}),
-            run("avg1", "fedavg", 1, {"0.5": 6, "0.6": 9}, targets=[0.6, 0.5]),
-            run("prox0", "fedprox", 0, {"0.5": 3, "0.6": None}),
-            run("prox1", "fedprox", 1, {"0.5": None, "0.6": None}),
-            run("dm0", "feddm", 0, {"0.5": 2}, targets=[0.5])]
+    runs = [
+        run("avg0", "fedavg", 0, {"0.5": 4, "0.6": None}),
+        run("avg1", "fedavg", 1, {"0.5": 6, "0.6": 9}, targets=[0.6, 0.5]),
+        run("prox0", "fedprox", 0, {"0.5": 3, "0.6": None}),
+        run("prox1", "fedprox", 1, {"0.5": None, "0.6": None}),
+        run("dm0", "feddm", 0, {"0.5": 2}, targets=[0.5]),
+    ]
     text = report(runs)
     header, _, *rows = text.splitlines()
     assert header.split()[-2:] == ["rounds@0.5", "rounds@0.6"]
@@ -141,8 +179,15 @@ def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_re
 
 
 def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
-    result = raysim("run", QUICK, "resources.actors=2", "resources.gpus_per_actor=8", "resources.num_cpus=2",
-                    "--out", str(tmp_path / "run"))
+    result = raysim(
+        "run",
+        QUICK,
+        "resources.actors=2",
+        "resources.gpus_per_actor=8",
+        "resources.num_cpus=2",
+        "--out",
+        str(tmp_path / "run"),
+    )
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     errors = [line for line in result.stderr.splitlines() if line.strip()]  # nothing else: no bar, no Ray notice

@@ -1,4 +1,5 @@
 """cluster.yaml passes Ray's own cluster-config validation (the launcher's defaults filled in first)."""
+
 from pathlib import Path
 
 import yaml

@@ -1,4 +1,5 @@
 """Condensation building blocks: DSA, DM loss, SWD, model re-sampling, uint8 transport."""
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,10 @@ from raysim.condense.augment import DSA, FAMILIES
 from raysim.condense.matching import class_mean_logits, dm_loss, real_batch_indices, soft_labels, symmetric_kl
 from raysim.condense.models import perturb_model, resample_model
 from raysim.condense.synthetic import dequantize, init_synthetic, quantize
-from raysim.training import even_batches
 from raysim.condense.wasserstein import sliced_wasserstein
 from raysim.models import build_model
 from raysim.tensors import module_weights
+from raysim.training import even_batches
 
 
 def small_convnet(norm="batchnorm"):
@@ -80,8 +81,9 @@ def test_sliced_wasserstein():
 def test_model_resampling_interpolates_between_global_and_random():
     model, scratch = small_convnet(), small_convnet()
     torch.manual_seed(5)
-    global_weights = module_weights(build_model("convnet", in_channels=3, num_classes=4, image_size=16,
-                                                width=8, depth=2))
+    global_weights = module_weights(
+        build_model("convnet", in_channels=3, num_classes=4, image_size=16, width=8, depth=2)
+    )
     resample_model(model, scratch, global_weights, gamma=1.0, seed=3)
     for name, p in model.state_dict().items():
         np.testing.assert_array_equal(p.numpy(), global_weights[name])
@@ -89,7 +91,7 @@ def test_model_resampling_interpolates_between_global_and_random():
     b = module_weights(resample_model(model, scratch, global_weights, gamma=0.0, seed=3))
     c = module_weights(resample_model(model, scratch, global_weights, gamma=0.0, seed=4))
     name = "classifier.weight"
-    np.testing.assert_array_equal(a[name], b[name])          # deterministic in the seed
+    np.testing.assert_array_equal(a[name], b[name])  # deterministic in the seed
     assert not np.array_equal(a[name], c[name])
     assert not np.array_equal(a[name], global_weights[name])
     half = module_weights(resample_model(model, scratch, global_weights, gamma=0.5, seed=3))

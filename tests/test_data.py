@@ -45,6 +45,7 @@ def _png(path: Path, value: int, size=(8, 8), mode="L") -> None:
 
 # --- embedded -------------------------------------------------------------------------------------
 
+
 def test_embedded_loads():
     ds = load_dataset("embedded", root="/ignored/for/embedded")
     assert isinstance(ds, ArrayDataset)
@@ -89,6 +90,7 @@ def test_corrupt_cache_is_rebuilt():
 
 
 # --- image folders --------------------------------------------------------------------------------
+
 
 def _make_folder(root: Path, test_split="test") -> None:
     for split, n in (("train", 3), (test_split, 2)):
@@ -149,6 +151,7 @@ def test_domainnet_folders(tmp_path):
 
 # --- torchvision root -----------------------------------------------------------------------------
 
+
 def _idx_images(path: Path, x: np.ndarray) -> None:
     path.write_bytes(struct.pack(">iiii", 0x803, *x.shape) + x.tobytes())
 
@@ -192,6 +195,7 @@ def test_torchvision_error_does_not_escape(tmp_path):
 
 # --- Parquet --------------------------------------------------------------------------------------
 
+
 def test_parquet_shards_and_fine_label(tmp_path):
     def shard(path: Path, labels: list[int]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,6 +218,7 @@ def test_parquet_shards_and_fine_label(tmp_path):
 
 # --- errors and description -----------------------------------------------------------------------
 
+
 def test_errors_are_one_line(tmp_path):
     _raises_one_line("cifar10", "imagenet_full", str(tmp_path))
     _raises_one_line("does not exist", "mnist", str(tmp_path / "nope"))
@@ -232,6 +237,7 @@ def test_describe_datasets():
 
 
 # --- real data in ../shared/data ------------------------------------------------------------------
+
 
 def _shared(name: str) -> Path:
     root = SHARED_DATA / name

@@ -1,5 +1,6 @@
 """DCFL: CKA on planted client groups, the grouping and selection rules, byte accounting, determinism
 across actor counts, and resume."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,11 +22,24 @@ from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 # 6 clients with two classes each, the MLP, 3 per round; round 1 pre-trains, then 3 training rounds
-DCFL = {"algorithm.name": "dcfl", "rounds": 4, "clients.num": 6, "clients.per_round": 3,
-        "partition.kind": "classes", "partition.classes_per_client": 2, "model.name": "mlp",
-        "local.epochs": 1, "algorithm.ipc": 2, "algorithm.steps": 5, "algorithm.real_batch": 16,
-        "algorithm.pretrain_rounds": 1, "algorithm.pretrain_fraction": 0.5, "algorithm.server_epochs": 20,
-        "algorithm.finetune_batch": 8, "resources.in_process": True}
+DCFL = {
+    "algorithm.name": "dcfl",
+    "rounds": 4,
+    "clients.num": 6,
+    "clients.per_round": 3,
+    "partition.kind": "classes",
+    "partition.classes_per_client": 2,
+    "model.name": "mlp",
+    "local.epochs": 1,
+    "algorithm.ipc": 2,
+    "algorithm.steps": 5,
+    "algorithm.real_batch": 16,
+    "algorithm.pretrain_rounds": 1,
+    "algorithm.pretrain_fraction": 0.5,
+    "algorithm.server_epochs": 20,
+    "algorithm.finetune_batch": 8,
+    "resources.in_process": True,
+}
 
 
 def run(tmp_path: Path, name: str, **overrides):
@@ -40,8 +54,11 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def deterministic_rows(run_dir: Path) -> list[tuple]:
-    return [(r["round"], r["client"], r["metric"], r["value"]) for r in rows(run_dir)
-            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"]
+    return [
+        (r["round"], r["client"], r["metric"], r["value"])
+        for r in rows(run_dir)
+        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+    ]
 
 
 @pytest.fixture(scope="module")

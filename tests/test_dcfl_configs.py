@@ -1,6 +1,7 @@
 """The DCFL configs (configs/dcfl/, paper 002): every file validates on each of the four bases and as
 the plain base, each CPU file matches its comparison config in everything but the algorithm, and the
 paper-scale files carry the paper's settings (Table II grid, Table III targets). Validation only."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "configs" / "dcfl"
 BASES = ("fedavg", "fedprox", "fednova", "feddisco")
 # each CPU DCFL config and the FedAvg-family config it is compared with
-COMPARISONS = {"fmnist_ck2_cpu.yaml": "fedavg/fmnist_ck2_20c_cpu.yaml",
-               "fmnist_dir0.1_cpu.yaml": "fedavg/fmnist_dir0.1_20c_cpu.yaml",
-               "cifar10_ck2_cpu.yaml": "fedavg/cifar10_ck2_20c_cpu.yaml"}
+COMPARISONS = {
+    "fmnist_ck2_cpu.yaml": "fedavg/fmnist_ck2_20c_cpu.yaml",
+    "fmnist_dir0.1_cpu.yaml": "fedavg/fmnist_dir0.1_20c_cpu.yaml",
+    "cifar10_ck2_cpu.yaml": "fedavg/cifar10_ck2_20c_cpu.yaml",
+}
 TABLE_III = {"dir0.5": [0.86, 0.87], "dir0.1": [0.66, 0.8], "ck2": [0.73, 0.78]}
 PAPER = [f"{d}_{p}.yaml" for d in ("mnist", "fmnist", "svhn", "cifar10") for p in ("dir0.5", "dir0.1", "ck2")]
 

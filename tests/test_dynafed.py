@@ -1,4 +1,5 @@
 """DynaFed: trajectory matching learns, the run records its diagnostics, results do not depend on actors."""
+
 from __future__ import annotations
 
 import json
@@ -11,9 +12,18 @@ from raysim.condense.trajectory import classifier_names, distance_after_training
 from raysim.models import build_model
 from raysim.tensors import module_weights
 
-TINY = {"algorithm.name": "dynafed", "rounds": 3, "algorithm.trajectory_rounds": 2, "algorithm.horizon": 1,
-        "algorithm.inner_steps": 3, "algorithm.ipc": 2, "algorithm.iterations": 4, "algorithm.finetune_epochs": 2,
-        "algorithm.diagnostic_segments": 2, "algorithm.syn_only_epochs": 5}
+TINY = {
+    "algorithm.name": "dynafed",
+    "rounds": 3,
+    "algorithm.trajectory_rounds": 2,
+    "algorithm.horizon": 1,
+    "algorithm.inner_steps": 3,
+    "algorithm.ipc": 2,
+    "algorithm.iterations": 4,
+    "algorithm.finetune_epochs": 2,
+    "algorithm.diagnostic_segments": 2,
+    "algorithm.syn_only_epochs": 5,
+}
 
 
 def toy_trajectory(steps=6):
@@ -38,14 +48,31 @@ def test_trajectory_matching_reduces_the_distance_and_beats_noise():
     g = torch.Generator().manual_seed(0)
     images, labels = torch.randn(8, 1, 4, 4, generator=g), torch.zeros(8, 2)
     kwargs = dict(inner_steps=3, horizon=2, target_average=1, batch_size=8)
-    x, y, step, losses = synthesize(model, trajectory, images, labels, iterations=60, image_lr=0.05, label_lr=0.05,
-                                    step_size=0.1, step_size_lr=0.01, generator=g, **kwargs)
+    x, y, step, losses = synthesize(
+        model,
+        trajectory,
+        images,
+        labels,
+        iterations=60,
+        image_lr=0.05,
+        label_lr=0.05,
+        step_size=0.1,
+        step_size_lr=0.01,
+        generator=g,
+        **kwargs,
+    )
     assert np.mean(losses[-10:]) < 0.8 * np.mean(losses[:10])
     assert step != pytest.approx(0.1, abs=1e-4)  # the step size is learned too
     measure = dict(step_size=step, segments=4, **kwargs)
     syn = distance_after_training(model, trajectory, x, y, generator=torch.Generator().manual_seed(1), **measure)
-    noise = distance_after_training(model, trajectory, torch.randn(8, 1, 4, 4), torch.zeros(8, 2),
-                                    generator=torch.Generator().manual_seed(1), **measure)
+    noise = distance_after_training(
+        model,
+        trajectory,
+        torch.randn(8, 1, 4, 4),
+        torch.zeros(8, 2),
+        generator=torch.Generator().manual_seed(1),
+        **measure,
+    )
     assert syn < noise
 
 
@@ -107,9 +134,10 @@ def test_horizon_longer_than_the_trajectory_is_one_clear_error():
     from tests.conftest import tiny_overrides
 
     with pytest.raises(RaysimError, match="algorithm.horizon"):
-        load_config("configs/quickstart.yaml", tiny_overrides(**{"algorithm.name": "dynafed",
-                                                                  "algorithm.trajectory_rounds": 2,
-                                                                  "algorithm.horizon": 3}))
+        load_config(
+            "configs/quickstart.yaml",
+            tiny_overrides(**{"algorithm.name": "dynafed", "algorithm.trajectory_rounds": 2, "algorithm.horizon": 3}),
+        )
 
 
 # ------------------------------------------------------------- fidelity to the authors' code
@@ -163,7 +191,8 @@ def test_every_unrolled_step_sees_the_whole_synthetic_set_with_per_image_augment
     start = {n: torch.as_tensor(trajectory[0][n]) for n in names}
     x = torch.randn(300, 1, 4, 4, requires_grad=True)
     labels = torch.zeros(300, 2, requires_grad=True)
-    end = unrolled_training(model, start, x, labels, torch.tensor(0.1), steps=1, batch_size=0,
-                            generator=torch.Generator().manual_seed(0))
+    end = unrolled_training(
+        model, start, x, labels, torch.tensor(0.1), steps=1, batch_size=0, generator=torch.Generator().manual_seed(0)
+    )
     (grad,) = torch.autograd.grad(sum((end[n] ** 2).sum() for n in names), x)
     assert bool((grad.flatten(1).abs().sum(1) > 0).all())  # one step moved by every one of the 300 images

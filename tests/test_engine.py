@@ -1,4 +1,5 @@
 """The engine: determinism across actor counts, sampling, outputs, bytes, GPU placement."""
+
 from __future__ import annotations
 
 import json
@@ -7,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import yaml
+
 from raysim.outputs.state_files import load_state
 
 
@@ -31,8 +33,14 @@ def test_same_numbers_with_one_or_two_actors_or_in_process(run_tiny):
 
 def test_outputs_and_accounting(run_tiny):
     summary, run_dir = run_tiny(**ACTORS, **{"output.tensorboard": True, "clients.per_round": 3})
-    for name in ("config.yaml", "metrics.parquet", "summary.json", "checkpoints/last.pt",
-                 "checkpoints/final_model.pt", "actors.yaml"):
+    for name in (
+        "config.yaml",
+        "metrics.parquet",
+        "summary.json",
+        "checkpoints/last.pt",
+        "checkpoints/final_model.pt",
+        "actors.yaml",
+    ):
         assert (run_dir / name).exists(), name
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
     table = pq.read_table(run_dir / "metrics.parquet")
@@ -44,8 +52,9 @@ def test_outputs_and_accounting(run_tiny):
     # 3 of 6 clients per round; every participant downloads the same broadcast
     assert [v for _, v in server_metric(run_dir, "participants")] == [3, 3]
     rows = table.to_pylist()
-    per_round_clients = {r for r, c, m in ((x["round"], x["client"], x["metric"]) for x in rows)
-                         if c is not None and m == "bytes_up"}
+    per_round_clients = {
+        r for r, c, m in ((x["round"], x["client"], x["metric"]) for x in rows) if c is not None and m == "bytes_up"
+    }
     assert per_round_clients == {1, 2}
     # FedAvg uploads what it downloads (the whole model), give or take pickle headers
     up, down = summary["bytes_up"], summary["bytes_down"]
@@ -60,12 +69,14 @@ def test_learns_above_chance(run_tiny):
 
 
 def test_fractional_gpus_place_four_actors_on_one_gpu(run_tiny):
-    _, run_dir = run_tiny(**ACTORS, **{"resources.actors": 4, "resources.cpus_per_actor": 0.5,
-                             "resources.gpus_per_actor": 0.25, "rounds": 1})
+    _, run_dir = run_tiny(
+        **ACTORS,
+        **{"resources.actors": 4, "resources.cpus_per_actor": 0.5, "resources.gpus_per_actor": 0.25, "rounds": 1},
+    )
     actors = yaml.safe_load((run_dir / "actors.yaml").read_text())
     assert len(actors) == 4
-    assert all(a["gpu_ids"] == ["0"] for a in actors)          # all four share the one logical GPU
-    assert all(a["device"] == "cpu" for a in actors)           # torch sees no CUDA: CPU fallback
+    assert all(a["gpu_ids"] == ["0"] for a in actors)  # all four share the one logical GPU
+    assert all(a["device"] == "cpu" for a in actors)  # torch sees no CUDA: CPU fallback
 
 
 def test_asking_for_more_than_the_cluster_fails_clearly(run_tiny):
@@ -81,6 +92,7 @@ def test_summary_reports_the_mean_of_the_last_five_evaluations(run_tiny):
     assert summary["last5_accuracy"] == pytest.approx(sum(accuracy[-5:]) / 5)
     assert json.loads((run_dir / "summary.json").read_text())["last5_accuracy"] == summary["last5_accuracy"]
     from raysim.report import report
+
     table = report([str(run_dir)])
     assert "last-5 acc" in table and f"{summary['last5_accuracy']:.4f}" in table
 
@@ -90,7 +102,12 @@ def test_rounds_to_accuracy_is_the_first_evaluated_round_reaching_each_target():
 
     history = [(2, 0.5), (4, 0.8), (6, 0.79), (8, 0.9)]  # eval.every=2
     assert rounds_to_accuracy(history, [0.8, 0.86, 0.95, 0.5, 1]) == {
-        "0.8": 4, "0.86": 8, "0.95": None, "0.5": 2, "1.0": None}
+        "0.8": 4,
+        "0.86": 8,
+        "0.95": None,
+        "0.5": 2,
+        "1.0": None,
+    }
     assert rounds_to_accuracy([], [0.5]) == {"0.5": None}
 
 
@@ -142,10 +159,21 @@ def test_domain_skew_runs_report_each_domains_accuracy_and_their_mean(ray_sessio
                     folder = tmp_path / "dn" / domain / split / cls
                     folder.mkdir(parents=True, exist_ok=True)
                     Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(folder / f"{i}.png")
-    config = load_config("configs/quickstart.yaml", [
-        "dataset.name=domainnet", f"dataset.root={tmp_path / 'dn'}", "dataset.image_size=16",
-        "partition.kind=domain", "clients.num=3", "clients.per_round=3", "model.width=8", "rounds=2",
-        "resources.in_process=true", "output.tensorboard=false"])
+    config = load_config(
+        "configs/quickstart.yaml",
+        [
+            "dataset.name=domainnet",
+            f"dataset.root={tmp_path / 'dn'}",
+            "dataset.image_size=16",
+            "partition.kind=domain",
+            "clients.num=3",
+            "clients.per_round=3",
+            "model.width=8",
+            "rounds=2",
+            "resources.in_process=true",
+            "output.tensorboard=false",
+        ],
+    )
     summary = run_experiment(config, tmp_path / "run")
     per_domain = summary["final_domain_accuracy"]
     assert sorted(per_domain) == sorted(domains)
@@ -157,5 +185,6 @@ def test_domain_skew_runs_report_each_domains_accuracy_and_their_mean(ray_sessio
     sizes = np.array([8, 12, 16])
     assert pooled == pytest.approx(float(np.dot(sizes, [per_domain[d] for d in domains]) / sizes.sum()))
     from raysim.report import report
+
     table = report([str(tmp_path / "run")])
     assert "domain mean acc" in table and f"{summary['final_domain_accuracy_mean']:.4f}" in table

@@ -1,5 +1,6 @@
 """The engine's general features: a model per client, algorithm-chosen participants and
 server-only rounds, per-recipient payloads, server records, user code by `module:name`."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,25 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from tests.conftest import run_and_kill_after_round, tiny_overrides
 from raysim.outputs.state_files import read_checkpoint
+from tests.conftest import run_and_kill_after_round, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-HETEROGENEOUS = {"algorithm.name": "tests.engine_algorithms:OneShotDistill", "rounds": 2,
-                 "clients.models": "[lenet, cnn2, {name: resnet18, width_multiplier: 0.125}]",
-                 "model.name": "resnet18", "model.width_multiplier": 0.125}
+HETEROGENEOUS = {
+    "algorithm.name": "tests.engine_algorithms:OneShotDistill",
+    "rounds": 2,
+    "clients.models": "[lenet, cnn2, {name: resnet18, width_multiplier: 0.125}]",
+    "model.name": "resnet18",
+    "model.width_multiplier": 0.125,
+}
 
 
 def rows(run_dir):
-    return [(r["round"], r["client"], r["metric"], r["value"]) for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"]
+    return [
+        (r["round"], r["client"], r["metric"], r["value"])
+        for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+    ]
 
 
 def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_one_actor_and_in_process(run_tiny):
@@ -72,15 +80,26 @@ def test_a_model_that_the_algorithm_cannot_use_is_refused_before_ray_starts():
 
 
 def test_server_only_rounds_resume_after_sigkill_to_the_same_numbers(run_tiny, tmp_path):
-    extra = {**HETEROGENEOUS, "clients.models": "[lenet, cnn2]", "model.name": "cnn2",
-             "algorithm.distill_steps": 60, "rounds": 4}
+    extra = {
+        **HETEROGENEOUS,
+        "clients.models": "[lenet, cnn2]",
+        "model.name": "cnn2",
+        "algorithm.distill_steps": 60,
+        "rounds": 4,
+    }
     _, uninterrupted = run_tiny(**extra)
     run_dir = tmp_path / "killed"
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
     done = run_and_kill_after_round(tiny_overrides(**extra), run_dir, 2, env)  # in a server-only round
     assert 2 <= done < 4
-    resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
-                             env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     server = [(r, m, v) for r, c, m, v in rows(run_dir) if c is None]
     assert server == [(r, m, v) for r, c, m, v in rows(uninterrupted) if c is None]
@@ -99,9 +118,11 @@ def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives(ray_s
     payload = Broadcast(shared=shared).to(0, mine[0]).to(1, mine[1]).to(2, mine[2]).to([1, 2], group)
     delivery = Delivery(payload, [0, 1, 2], round_index=1)
     base = serialized_nbytes(shared)
-    assert delivery.bytes_down == {0: base + serialized_nbytes(mine[0]),
-                                   1: base + serialized_nbytes(mine[1]) + serialized_nbytes(group),
-                                   2: base + serialized_nbytes(mine[2]) + serialized_nbytes(group)}
+    assert delivery.bytes_down == {
+        0: base + serialized_nbytes(mine[0]),
+        1: base + serialized_nbytes(mine[1]) + serialized_nbytes(group),
+        2: base + serialized_nbytes(mine[2]) + serialized_nbytes(group),
+    }
     assert len(delivery.arguments(0)) == 2 and len(delivery.arguments(1)) == 3
     assert delivery.arguments(1)[2] == delivery.arguments(2)[2]  # the group part: one object for both
     with pytest.raises(RaysimError, match=r"addresses a part to client\(s\) \[7\]"):
@@ -111,21 +132,35 @@ def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives(ray_s
 
 
 def test_addressed_parts_reach_only_their_clients_and_bytes_down_follows(run_tiny):
-    _, run_dir = run_tiny(**{"algorithm.name": "tests.engine_algorithms:AddressedFedAvg",
-                             "resources.in_process": False, "clients.per_round": 4})
+    _, run_dir = run_tiny(
+        **{
+            "algorithm.name": "tests.engine_algorithms:AddressedFedAvg",
+            "resources.in_process": False,
+            "clients.per_round": 4,
+        }
+    )
     table = pq.read_table(run_dir / "metrics.parquet").to_pylist()
     for round_index in (1, 2):
-        down = {r["client"]: r["value"] for r in table
-                if r["round"] == round_index and r["client"] is not None and r["metric"] == "bytes_down"}
-        group = {r["client"]: r["value"] for r in table
-                 if r["round"] == round_index and r["client"] is not None and r["metric"] == "got_group"}
+        down = {
+            r["client"]: r["value"]
+            for r in table
+            if r["round"] == round_index and r["client"] is not None and r["metric"] == "bytes_down"
+        }
+        group = {
+            r["client"]: r["value"]
+            for r in table
+            if r["round"] == round_index and r["client"] is not None and r["metric"] == "got_group"
+        }
         first, second, *rest = sorted(down)
         assert group == {first: 1.0, second: 1.0, **{k: 0.0 for k in rest}}
         # a note of 100 (k + 1) bytes each; the first two also get the 1000-byte group part
         extra = {k: down[k] - 100 * (k + 1) - (1000 if k in (first, second) else 0) for k in down}
         assert max(extra.values()) - min(extra.values()) < 200  # pickle headers of the parts only
-        total = [r["value"] for r in table if r["round"] == round_index and r["client"] is None
-                 and r["metric"] == "bytes_down"]
+        total = [
+            r["value"]
+            for r in table
+            if r["round"] == round_index and r["client"] is None and r["metric"] == "bytes_down"
+        ]
         assert total == [sum(down.values())]
 
 
@@ -150,9 +185,24 @@ def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tm
     assert command[:3] == ["raysim", "run", "configs/quickstart.yaml"]
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
     tiny = tiny_overrides(**{"resources.actors": 2})
-    done = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(ROOT / command[2]), *command[3:], *tiny,
-                           "--out", str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raysim.cli",
+            "run",
+            str(ROOT / command[2]),
+            *command[3:],
+            *tiny,
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     # restartable actors (resources.max_restarts defaults to 3) and still no error-level line from
     # Ray, such as core_worker.cc's about constructor arguments in the object store
@@ -160,18 +210,35 @@ def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tm
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["final_accuracy"] > 0.3, summary  # chance is 0.1
     assert summary["algorithm"] == "my_fl:FedAvgM"
-    norms = [r["value"] for r in pq.read_table(tmp_path / "run/metrics.parquet").to_pylist()
-             if r["metric"] == "update_norm"]
+    norms = [
+        r["value"] for r in pq.read_table(tmp_path / "run/metrics.parquet").to_pylist() if r["metric"] == "update_norm"
+    ]
     assert len(norms) == 2 and all(n > 0 for n in norms)
 
     # a wrong path is one line and exit 2, before Ray starts
-    for key, value, said in (("algorithm.name", "my_fl:Nope", "module 'my_fl'"),
-                             ("algorithm.name", "nosuch_module:Algo", "no module 'nosuch_module'"),
-                             ("model.name", "my_fl:nope", "has no model factory named 'nope'"),
-                             ("algorithm.name", "my_fl:small_cnn", "not a subclass of raysim.algorithm.Algorithm")):
-        bad = subprocess.run([sys.executable, "-m", "raysim.cli", "run", str(ROOT / command[2]), f"{key}={value}",
-                              "--out", str(tmp_path / "bad")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=120)
+    for key, value, said in (
+        ("algorithm.name", "my_fl:Nope", "module 'my_fl'"),
+        ("algorithm.name", "nosuch_module:Algo", "no module 'nosuch_module'"),
+        ("model.name", "my_fl:nope", "has no model factory named 'nope'"),
+        ("algorithm.name", "my_fl:small_cnn", "not a subclass of raysim.algorithm.Algorithm"),
+    ):
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raysim.cli",
+                "run",
+                str(ROOT / command[2]),
+                f"{key}={value}",
+                "--out",
+                str(tmp_path / "bad"),
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert bad.returncode == 2, bad.stderr[-2000:]
         lines = bad.stderr.strip().splitlines()
         assert len(lines) == 1 and said in lines[0] and key in lines[0], bad.stderr

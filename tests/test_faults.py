@@ -1,4 +1,5 @@
 """Faults: a killed actor restarts and its lost client tasks re-run; a killed run resumes exactly."""
+
 from __future__ import annotations
 
 import os
@@ -74,8 +75,13 @@ def test_sigkilled_run_resumes_to_the_same_numbers(run_tiny, tmp_path):
     env = {**os.environ, "RAY_ADDRESS": ""}
     assert run_and_kill_after_round(overrides, run_dir, 2, env) == 2
 
-    resumed = subprocess.run([sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
-                             env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "3 rounds" in resumed.stdout
     assert server_rows(run_dir) == server_rows(uninterrupted)

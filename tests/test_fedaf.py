@@ -1,4 +1,5 @@
 """FedAF and FedDM through the engine: persistence, communication accounting, determinism, pictures."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,12 +8,18 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from tests.conftest import tiny_overrides
 from raysim.outputs.state_files import load_state
+from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_CONDENSATION = {"algorithm.ipc": 3, "algorithm.steps": 4, "algorithm.real_batch": 32,
-                     "algorithm.server_epochs": 3, "algorithm.server_lr": 0.01, "model.width": 8}
+TINY_CONDENSATION = {
+    "algorithm.ipc": 3,
+    "algorithm.steps": 4,
+    "algorithm.real_batch": 32,
+    "algorithm.server_epochs": 3,
+    "algorithm.server_lr": 0.01,
+    "model.width": 8,
+}
 
 
 def fedaf(**extra):
@@ -23,13 +30,21 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     """Round 2 starts from the set round 1 produced: with image lr 0 it must come back unchanged."""
     from raysim.config import load_config
     from raysim.engine.client_actor import ClientRuntime
-    from raysim.runner import prepare
     from raysim.registry import make_algorithm
+    from raysim.runner import prepare
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**fedaf()))
     exp = prepare(config)
-    runtime = ClientRuntime(config, exp.spec, exp.dataset.train_x, exp.dataset.train_y, {0: exp.parts[0]},
-                            exp.mean, exp.std, str(tmp_path / "state"))
+    runtime = ClientRuntime(
+        config,
+        exp.spec,
+        exp.dataset.train_x,
+        exp.dataset.train_y,
+        {0: exp.parts[0]},
+        exp.mean,
+        exp.std,
+        str(tmp_path / "state"),
+    )
     torch.manual_seed(0)
     state = make_algorithm(config).server_init(exp.spec.build(), runtime.ctx)
     payload = make_algorithm(config).broadcast(state, 1, [0])
@@ -44,7 +59,9 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
 
 def client_bytes(run_dir):
     rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
-    return {(r["round"], r["client"]): r["value"] for r in rows if r["client"] is not None and r["metric"] == "bytes_up"}
+    return {
+        (r["round"], r["client"]): r["value"] for r in rows if r["client"] is not None and r["metric"] == "bytes_up"
+    }
 
 
 def test_fedaf_upload_is_counted_as_in_appendix_c(run_tiny):
@@ -90,9 +107,9 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     """Appendix C at the paper's scale (IPC 50, ConvNet width 128, CIFAR-10 alpha 0.05, the real
     partition): every client's upload follows the formula, the clients' mean is under half of the
     ConvNet that FedAvg uploads, and a few percent of ResNet18 (the paper's Table 7 comparison)."""
-    from raysim.registry import make_algorithm
     from raysim.config import load_config
     from raysim.models import build_model
+    from raysim.registry import make_algorithm
     from raysim.runner import prepare
     from tests.conftest import shared_data
 
@@ -104,13 +121,18 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     uploads = []
     for counts in exp.counts:
         held = np.flatnonzero(counts)
-        message = {"classes": held, "images": np.zeros((ipc * len(held), 3, 32, 32), np.uint8),
-                   "logits": np.zeros((classes, classes), np.float32), "soft": np.zeros((classes, classes), np.float32)}
+        message = {
+            "classes": held,
+            "images": np.zeros((ipc * len(held), 3, 32, 32), np.uint8),
+            "logits": np.zeros((classes, classes), np.float32),
+            "soft": np.zeros((classes, classes), np.float32),
+        }
         uploads.append(algorithm.upload_bytes(message))
         assert uploads[-1] == ipc * len(held) * 3 * 32 * 32 + 2 * classes * classes * 4
 
     def model_bytes(model):
         return sum(t.numel() * t.element_size() for t in model.state_dict().values() if t.is_floating_point())
+
     convnet = model_bytes(exp.spec.build())
     resnet = model_bytes(build_model("resnet18", in_channels=3, num_classes=classes, image_size=32))
     assert np.mean(uploads) < 0.5 * convnet

@@ -5,6 +5,7 @@ numbers (Sec. 4.1.5, Tables 1-10) and the setting their name says.
 Config validation only: no Ray, no data (dataset.root is overridden with a dummy path; the models are
 built for the dataset's image shape, which needs no data).
 """
+
 from __future__ import annotations
 
 import re
@@ -31,14 +32,32 @@ DISTILLATION = ("feddf", "dense", "coboosting", "fedhydra")  # the methods that 
 DATASETS = {"mnist": "mnist", "fmnist": "fashion_mnist", "svhn": "svhn", "cifar10": "cifar10"}
 MODELS = {"mnist": "cnn2", "fmnist": "cnn2", "svhn": "cnn3", "cifar10": "cnn3"}  # Sec. 4.1.3
 # (channels, image size, classes) of the datasets, to build the models without the data
-SHAPES = {"embedded": (1, 28, 10), "mnist": (1, 28, 10), "fashion_mnist": (1, 28, 10), "svhn": (3, 32, 10),
-          "cifar10": (3, 32, 10), "cifar100": (3, 32, 100), "cinic10": (3, 32, 10)}
+SHAPES = {
+    "embedded": (1, 28, 10),
+    "mnist": (1, 28, 10),
+    "fashion_mnist": (1, 28, 10),
+    "svhn": (3, 32, 10),
+    "cifar10": (3, 32, 10),
+    "cifar100": (3, 32, 100),
+    "cinic10": (3, 32, 10),
+}
 ALPHAS = ("0.5", "0.3", "0.1", "0.01")
 CLIENTS = (5, 10, 20, 50, 100)
 HETERO = ["googlenet", "resnet18", "cnn3", "cnn2", "lenet"]  # M1..M5 of Tables 3, 9, 10
 # Sec. 4.1.5 and the authors' code (DENSE / Fed-SA): the same for every paper-scale file
-PAPER_ALGORITHM = dict(nz=256, ngf=64, generator_steps=30, generator_lr=0.001, synthesis_batch=256,
-                       stratify_steps=20, stratify_batch=256, kd_batch=256, kd_lr=0.01, lambda1=1.0, lambda2=1.0)
+PAPER_ALGORITHM = dict(
+    nz=256,
+    ngf=64,
+    generator_steps=30,
+    generator_lr=0.001,
+    synthesis_batch=256,
+    stratify_steps=20,
+    stratify_batch=256,
+    kd_batch=256,
+    kd_lr=0.01,
+    lambda1=1.0,
+    lambda2=1.0,
+)
 # Table 6's (lambda1, lambda2) pairs
 TABLE_6 = [(1.0, 1.0), (0.5, 1.0), (0.0, 1.0), (1.0, 0.5), (1.0, 0.0), (0.0, 0.0)]
 
@@ -68,11 +87,11 @@ def spec(config) -> ModelSpec:
 
 
 def expected_paper_files() -> set[str]:
-    names = {f"{d}_alpha{a}.yaml" for d in DATASETS for a in ALPHAS}                      # Table 1
-    names |= {f"{d}_2cc.yaml" for d in DATASETS}                                         # Table 2
+    names = {f"{d}_alpha{a}.yaml" for d in DATASETS for a in ALPHAS}  # Table 1
+    names |= {f"{d}_2cc.yaml" for d in DATASETS}  # Table 2
     names |= {f"{d}_hetero_alpha{a}.yaml" for d in ("cifar10", "svhn") for a in ALPHAS}  # Tables 3, 9
-    names |= {f"{d}_hetero_2cc.yaml" for d in ("cifar10", "svhn")}                       # Table 10
-    names |= {f"{d}_{k}c.yaml" for d in ("svhn", "cifar10") for k in CLIENTS}            # Tables 4, 7
+    names |= {f"{d}_hetero_2cc.yaml" for d in ("cifar10", "svhn")}  # Table 10
+    names |= {f"{d}_{k}c.yaml" for d in ("svhn", "cifar10") for k in CLIENTS}  # Tables 4, 7
     names |= {f"{d}_rounds_T{t}.yaml" for d in ("cifar10", "svhn") for t in range(1, 6)}  # Tables 5, 8
     return names
 
@@ -93,8 +112,9 @@ def test_header_says_how_to_run_it_and_with_which_methods(path):
     assert methods == list(DISTILLATION if heterogeneous(path) else METHODS)
 
 
-@pytest.mark.parametrize("path, method", [(p, m) for p in ALL for m in header_methods(p)],
-                         ids=lambda v: rel(v) if isinstance(v, Path) else v)
+@pytest.mark.parametrize(
+    "path, method", [(p, m) for p in ALL for m in header_methods(p)], ids=lambda v: rel(v) if isinstance(v, Path) else v
+)
 def test_config_validates_with_every_method_its_header_names(path, method):
     config = load(path, f"algorithm.name={method}")
     assert config.algorithm["name"] == method
@@ -138,8 +158,12 @@ def test_paper_scale_settings(path):
     local = config.local
     rounds_study = "_rounds_T" in path.name
     assert local.epochs == (50 if rounds_study else 200)  # Appendix C.2: E = 50 for the global-round study
-    assert (local.batch_size, local.lr, local.momentum, local.optimizer) == (128, pytest.approx(0.01),
-                                                                            pytest.approx(0.9), "sgd")
+    assert (local.batch_size, local.lr, local.momentum, local.optimizer) == (
+        128,
+        pytest.approx(0.01),
+        pytest.approx(0.9),
+        "sgd",
+    )
     # each global round: one client round + 200 distillation epochs
     assert config.rounds == alg["global_rounds"] * 201
     assert alg["global_rounds"] == (int(re.search(r"_T(\d)", path.name).group(1)) if rounds_study else 1)
@@ -206,7 +230,11 @@ def test_lambda_sweep_covers_table_6():
     assert sweep.scheduler is None  # every pair runs its full 200 distillation epochs
     for l1, l2 in TABLE_6:
         config = sweep.trial_config({"algorithm.lambda1": l1, "algorithm.lambda2": l2})
-        assert (config.algorithm["name"], config.algorithm["lambda1"], config.algorithm["lambda2"]) == ("fedhydra", l1, l2)
+        assert (config.algorithm["name"], config.algorithm["lambda1"], config.algorithm["lambda2"]) == (
+            "fedhydra",
+            l1,
+            l2,
+        )
         assert (config.dataset.name, config.partition.alpha, config.clients.num) == ("cifar10", 0.5, 5)
         res = config.resources
         assert res.actors * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9  # one trial, one GPU

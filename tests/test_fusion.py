@@ -60,8 +60,9 @@ def randomly_permuted(model: nn.Module, seed: int) -> nn.Module:
         for i, (layer, nxt) in enumerate(itertools.pairwise(layers)):
             n = layer.weight.shape[0]
             perm = torch.randperm(n, generator=gen)
-            for t in [layer.weight, layer.bias] + [getattr(m, a, None) for m in norms.get(i, [])
-                                                   for a in ("weight", "bias", "running_mean", "running_var")]:
+            for t in [layer.weight, layer.bias] + [
+                getattr(m, a, None) for m in norms.get(i, []) for a in ("weight", "bias", "running_mean", "running_var")
+            ]:
                 if t is not None:
                     t.copy_(t[perm])
             w = nxt.weight

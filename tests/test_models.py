@@ -123,6 +123,8 @@ def test_width_multiplier_narrows_the_scalable_models_and_one_is_the_published_w
 
 def test_published_sizes_are_unchanged():
     # ResNet-18 (CIFAR stem) 11.17M parameters; the CIFAR GoogLeNet 6.17M
-    sizes = {name: sum(p.numel() for p in build_model(name, in_channels=3, num_classes=10, image_size=32).parameters())
-             for name in ("resnet18", "googlenet")}
+    sizes = {
+        name: sum(p.numel() for p in build_model(name, in_channels=3, num_classes=10, image_size=32).parameters())
+        for name in ("resnet18", "googlenet")
+    }
     assert sizes == {"resnet18": 11_173_962, "googlenet": 6_166_250}

@@ -1,5 +1,6 @@
 """The one-shot family: the shared machinery (raysim.synthesis, raysim.client_cache) and the six methods
 on the embedded dataset."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,14 @@ from raysim.config import load_config
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.synthesis.augment import crop_flip
-from raysim.synthesis.ensemble import (mean_logits, normalise_over_classes, normalise_over_clients,
-                                       stratified_logits, stratified_predict, weighted_logits)
+from raysim.synthesis.ensemble import (
+    mean_logits,
+    normalise_over_classes,
+    normalise_over_clients,
+    stratified_logits,
+    stratified_predict,
+    weighted_logits,
+)
 from raysim.synthesis.generator import Generator, reset_generator
 from raysim.synthesis.losses import BNStatistics, adversarial_loss, distillation_loss, hard_sample_cross_entropy
 from raysim.synthesis.stratify import loss_variation
@@ -25,11 +32,25 @@ from tests.conftest import tiny_overrides
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["fedavg_oneshot", "ot_fusion", "feddf", "dense", "coboosting", "fedhydra"]
 # 5 clients with two disjoint classes each (2c/c), the paper's 2-layer CNN, a tiny generator
-ONE_SHOT = {"algorithm.name": "fedhydra", "rounds": 3, "clients.num": 5, "clients.per_round": 5,
-            "partition.kind": "classes", "partition.classes_per_client": 2, "model.name": "cnn2",
-            "local.epochs": 2, "local.batch_size": 64, "algorithm.ngf": 8, "algorithm.nz": 32,
-            "algorithm.generator_steps": 3, "algorithm.synthesis_batch": 32, "algorithm.kd_batch": 32,
-            "algorithm.stratify_steps": 10, "algorithm.stratify_batch": 16, "resources.in_process": True}
+ONE_SHOT = {
+    "algorithm.name": "fedhydra",
+    "rounds": 3,
+    "clients.num": 5,
+    "clients.per_round": 5,
+    "partition.kind": "classes",
+    "partition.classes_per_client": 2,
+    "model.name": "cnn2",
+    "local.epochs": 2,
+    "local.batch_size": 64,
+    "algorithm.ngf": 8,
+    "algorithm.nz": 32,
+    "algorithm.generator_steps": 3,
+    "algorithm.synthesis_batch": 32,
+    "algorithm.kd_batch": 32,
+    "algorithm.stratify_steps": 10,
+    "algorithm.stratify_batch": 16,
+    "resources.in_process": True,
+}
 
 
 def run(tmp_path: Path, name: str, **overrides):
@@ -41,11 +62,15 @@ def run(tmp_path: Path, name: str, **overrides):
 
 
 def server_series(run_dir: Path, metric: str) -> list[float]:
-    return [r["value"] for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-            if r["client"] is None and r["metric"] == metric]
+    return [
+        r["value"]
+        for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+        if r["client"] is None and r["metric"] == metric
+    ]
 
 
 # ------------------------------------------------------------------ shared machinery
+
 
 def test_generator_makes_images_of_the_datasets_shape_in_0_1_and_resets_deterministically():
     g = Generator(nz=16, ngf=8, image_size=28, channels=1)
@@ -67,8 +92,9 @@ def test_crop_flip_without_shift_or_flip_is_the_identity_and_passes_gradients():
 
 
 def test_bn_statistics_loss_is_zero_when_the_batch_matches_the_running_statistics_and_skips_models_without_bn():
-    teacher = build_model("cnn2", in_channels=1, num_classes=10, image_size=28, width=8, depth=3,
-                          norm="batchnorm", hidden=8)
+    teacher = build_model(
+        "cnn2", in_channels=1, num_classes=10, image_size=28, width=8, depth=3, norm="batchnorm", hidden=8
+    )
     x = torch.randn(64, 1, 28, 28)
     teacher.train()
     teacher.features[1].momentum = 1.0  # running statistics := this batch's
@@ -80,8 +106,9 @@ def test_bn_statistics_loss_is_zero_when_the_batch_matches_the_running_statistic
         assert float(bn.loss()) < 1e-3
         teacher(x * 3 + 1)
         assert float(bn.loss()) > 1.0
-    without_bn = build_model("cnn3", in_channels=3, num_classes=10, image_size=32, width=8, depth=3,
-                             norm="batchnorm", hidden=8)
+    without_bn = build_model(
+        "cnn3", in_channels=3, num_classes=10, image_size=32, width=8, depth=3, norm="batchnorm", hidden=8
+    )
     with BNStatistics([without_bn]) as bn:
         without_bn(torch.randn(2, 3, 32, 32))
         assert float(bn.loss()) == 0.0
@@ -120,7 +147,7 @@ def test_stratified_aggregation_follows_eq_8_to_11():
     scores = stratified_predict(logits, rt, ct)  # label-free: try every class as the target
     for i in range(4):
         for cls in range(5):
-            row = stratified_logits(logits[:, i:i + 1], torch.tensor([cls]), rt, ct)
+            row = stratified_logits(logits[:, i : i + 1], torch.tensor([cls]), rt, ct)
             assert torch.allclose(scores[i, cls], torch.log_softmax(row, 1)[0, cls], atol=1e-5)
     assert torch.allclose(weighted_logits(logits, torch.ones(3)), mean_logits(logits))
 
@@ -132,6 +159,7 @@ def test_loss_variation_is_eq_2():
 
 # ------------------------------------------------------------------ the methods
 
+
 @pytest.fixture(scope="module")
 def six_methods(tmp_path_factory):
     """Every method on one config (3 rounds: the client round, two distillation epochs), the client
@@ -139,8 +167,11 @@ def six_methods(tmp_path_factory):
     folder = tmp_path_factory.mktemp("oneshot")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RAYSIM_CACHE_DIR", str(folder / "cache"))
-        runs = {"uncached": run(folder, "dense-uncached", **{"algorithm.name": "dense",
-                                                            "algorithm.cache_client_stage": False})}
+        runs = {
+            "uncached": run(
+                folder, "dense-uncached", **{"algorithm.name": "dense", "algorithm.cache_client_stage": False}
+            )
+        }
         assert not list((folder / "cache").glob("client_stage/*.pt"))
         for method in ["dense", *[m for m in METHODS if m != "dense"]]:  # dense fills the cache
             runs[method] = run(folder, method, **{"algorithm.name": method, "output.tensorboard": method == "fedhydra"})
@@ -162,6 +193,7 @@ def test_stratification_finds_each_clients_two_classes_and_is_reported(six_metho
     assert server_series(run_dir, "pool_images") == [32, 64]
     assert len(server_series(run_dir, "accuracy")) == 3  # the server model after every epoch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     assert any("stratification" in tag for tag in events.Tags()["images"])
@@ -192,25 +224,38 @@ def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_n
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
     rows = {}
     for actors in (1, 2):
-        _, run_dir = run(tmp_path, f"actors{actors}", **{"resources.in_process": False, "resources.actors": actors,
-                                                         "algorithm.cache_client_stage": False, "rounds": 2,
-                                                         "local.epochs": 1, "algorithm.stratify_steps": 3})
-        rows[actors] = [(r["round"], r["client"], r["metric"], r["value"])
-                        for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-                        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"]
+        _, run_dir = run(
+            tmp_path,
+            f"actors{actors}",
+            **{
+                "resources.in_process": False,
+                "resources.actors": actors,
+                "algorithm.cache_client_stage": False,
+                "rounds": 2,
+                "local.epochs": 1,
+                "algorithm.stratify_steps": 3,
+            },
+        )
+        rows[actors] = [
+            (r["round"], r["client"], r["metric"], r["value"])
+            for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+        ]
     assert rows[1] == rows[2]
 
 
 def test_heterogeneous_clients_and_several_global_rounds(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
-    summary, run_dir = run(tmp_path, "hetero", **{"clients.models": "[cnn2, lenet, mlp]", "model.name": "lenet",
-                                                  "algorithm.name": "dense"})
+    summary, run_dir = run(
+        tmp_path, "hetero", **{"clients.models": "[cnn2, lenet, mlp]", "model.name": "lenet", "algorithm.name": "dense"}
+    )
     assert summary["client_models"] == {"cnn2": [0, 3], "lenet": [1, 4], "mlp(hidden=128)": [2]}
     assert len(summary["client_accuracy"]) == 5
     # T = 2: rounds 1 and 3 are client rounds; in the second, clients with the server's architecture restart
     # from the distilled model (they receive it), the others from their own previous model
-    summary, run_dir = run(tmp_path, "two-rounds", **{"rounds": 4, "algorithm.global_rounds": 2,
-                                                      "algorithm.name": "dense"})
+    summary, run_dir = run(
+        tmp_path, "two-rounds", **{"rounds": 4, "algorithm.global_rounds": 2, "algorithm.name": "dense"}
+    )
     assert server_series(run_dir, "participants") == [5, 0, 5, 0]
     down = server_series(run_dir, "bytes_down")
     assert down[0] < 1000 < down[2]
@@ -221,12 +266,16 @@ def test_one_shot_configuration_errors_are_one_clear_line():
     with pytest.raises(RaysimError, match=r"rounds=3 must be a multiple of algorithm.global_rounds=2"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.global_rounds=2"])
     with pytest.raises(RaysimError, match="distill_source=dataset needs"):
-        load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=feddf", "algorithm.distill_source=dataset"])
+        load_config(
+            ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=feddf", "algorithm.distill_source=dataset"]
+        )
     with pytest.raises(RaysimError, match="aggregation must be stratified or mean"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.aggregation=median"])
     from raysim.runner import prepare
-    config = load_config(ROOT / "configs" / "quickstart.yaml",
-                         base + ["algorithm.name=fedavg_oneshot", "clients.models=[cnn2, lenet]"])
+
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=fedavg_oneshot", "clients.models=[cnn2, lenet]"]
+    )
     with pytest.raises(RaysimError, match="needs every client to have the server's model"):
         prepare(config)
 
@@ -239,27 +288,36 @@ def test_a_resumed_run_continues_to_the_same_numbers(six_methods, tmp_path, monk
 
     runs, cache = six_methods
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
-    _, part = run(tmp_path, "part", **{"algorithm.name": method, "rounds": 2,
-                                       "output.tensorboard": method == "fedhydra"})
+    _, part = run(
+        tmp_path, "part", **{"algorithm.name": method, "rounds": 2, "output.tensorboard": method == "fedhydra"}
+    )
     run_experiment(resume_config(part, ["rounds=3"]), part)
 
     def values(run_dir):
-        return [(r["round"], r["client"], r["metric"], r["value"])
-                for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-                if not r["metric"].startswith("time") and r["metric"] != "round_time_s"]
+        return [
+            (r["round"], r["client"], r["metric"], r["value"])
+            for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+        ]
+
     assert values(part) == values(runs[method][1])
 
 
 def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
     from raysim.runner import prepare
-    config = load_config(ROOT / "configs" / "quickstart.yaml",
-                         tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "model.name=resnet18",
-                                                       "model.width_multiplier=0.125"])
+
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml",
+        tiny_overrides(**ONE_SHOT)
+        + ["algorithm.name=ot_fusion", "model.name=resnet18", "model.width_multiplier=0.125"],
+    )
     with pytest.raises(RaysimError, match="ot_fusion aligns plain chains"):
         prepare(config)
     with pytest.raises(RaysimError, match="algorithm.anchor=7 is not a client id"):
-        load_config(ROOT / "configs" / "quickstart.yaml",
-                    tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "algorithm.anchor=7"])
+        load_config(
+            ROOT / "configs" / "quickstart.yaml",
+            tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "algorithm.anchor=7"],
+        )
 
 
 def test_an_unreadable_cache_entry_is_a_miss_and_is_rewritten(six_methods, tmp_path, monkeypatch):

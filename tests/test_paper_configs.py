@@ -3,6 +3,7 @@ ones carry the FedAF paper's numbers (Wang et al., CVPR 2024), the DynaFed ones 
 
 Config validation only: no Ray, no data (dataset.root is overridden with a dummy path).
 """
+
 from __future__ import annotations
 
 import re
@@ -26,8 +27,9 @@ MAIN = [(algo, key, alpha) for algo in ALGOS for key in DATASETS for alpha in AL
 # FedAF's (lambda_loc, lambda_glob) and image lr per dataset (paper Sec. 5.1 and App. A)
 LAMBDAS = {"fashion_mnist": (1e-3, 2.0), "cifar10": (1e-4, 1e-2), "cifar100": (1e-4, 1e-2), "domainnet": (1e-2, 0.1)}
 IMAGE_LR = {"fashion_mnist": 0.2, "cifar10": 1.0, "cifar100": 0.1, "domainnet": 1.0}
-PAPER_SCALE = dict(steps=1000, real_batch=256, server_epochs=500, server_batch=256,
-                   server_lr=0.001, server_momentum=0.9)
+PAPER_SCALE = dict(
+    steps=1000, real_batch=256, server_epochs=500, server_batch=256, server_lr=0.001, server_momentum=0.9
+)
 
 
 def load(path: Path):
@@ -126,7 +128,12 @@ def test_gamma_study_follows_table_5():
 @pytest.mark.parametrize("algo", ALGOS)
 def test_resnet18(algo):
     config = load(ROOT / "configs" / algo / "cifar10_resnet18.yaml")
-    assert (config.model.name, config.dataset.name, config.rounds, config.clients.num) == ("resnet18", "cifar10", 20, 10)
+    assert (config.model.name, config.dataset.name, config.rounds, config.clients.num) == (
+        "resnet18",
+        "cifar10",
+        20,
+        10,
+    )
     assert config.algorithm["ipc"] == 50
 
 
@@ -139,7 +146,9 @@ def test_domainnet(algo):
     assert config.algorithm["image_lr"] == pytest.approx(1.0)
 
 
-OTHERS = sorted(p for folder in ("configs", "configs/dynafed", "configs/fedavg") for p in (ROOT / folder).glob("*.yaml"))
+OTHERS = sorted(
+    p for folder in ("configs", "configs/dynafed", "configs/fedavg") for p in (ROOT / folder).glob("*.yaml")
+)
 
 
 @pytest.mark.parametrize("name", ["cifar10_cpu", "fmnist_cpu", "cifar100_cpu"])
@@ -161,8 +170,9 @@ def test_every_other_shipped_config_validates_and_says_how_to_run_it(path):
     assert text.startswith("#") and f"raysim run {rel(path)}" in text
 
 
-@pytest.mark.parametrize("path", [p for p in OTHERS if p.parent.name == "dynafed" and not p.name.endswith("_cpu.yaml")],
-                         ids=rel)
+@pytest.mark.parametrize(
+    "path", [p for p in OTHERS if p.parent.name == "dynafed" and not p.name.endswith("_cpu.yaml")], ids=rel
+)
 def test_dynafed_paper_scale_settings(path):
     """DynaFed's Sec. 6.1 setting: 80 clients, 40% a round, L = 20, 1 local epoch and 200 rounds (the
     local-epoch study: 100 rounds of 5 epochs, 50 of 10)."""
@@ -177,14 +187,24 @@ def test_dynafed_paper_scale_settings(path):
         assert config.model.norm == "instancenorm"
     assert config.local.optimizer == "adam" and config.local.keep_optimizer and alg["syn_batch"] == 0
     epochs, lr = {"cifar100": (8, 1e-4), "cinic10": (20, 2.5e-4)}.get(
-        config.dataset.name, (15 if config.partition.alpha == 0.16 else 20, 1e-4))
+        config.dataset.name, (15 if config.partition.alpha == 0.16 else 20, 1e-4)
+    )
     assert (alg["finetune_epochs"], alg["finetune_lr"]) == (epochs, lr)
 
 
-@pytest.mark.parametrize("pair", [("dynafed/cifar10_cpu", "fedavg/cifar10_80c_cpu"),
-                                  ("dynafed/fmnist_mlp_cpu", "fedavg/fmnist_mlp_80c_cpu")])
+@pytest.mark.parametrize(
+    "pair", [("dynafed/cifar10_cpu", "fedavg/cifar10_80c_cpu"), ("dynafed/fmnist_mlp_cpu", "fedavg/fmnist_mlp_80c_cpu")]
+)
 def test_dynafed_cpu_comparisons_share_clients_partition_model_local_training_and_rounds(pair):
     a, b = (load(ROOT / "configs" / f"{name}.yaml") for name in pair)
-    assert (a.seed, a.rounds, a.eval, a.dataset, a.partition, a.clients, a.model, a.local) == \
-           (b.seed, b.rounds, b.eval, b.dataset, b.partition, b.clients, b.model, b.local)
+    assert (a.seed, a.rounds, a.eval, a.dataset, a.partition, a.clients, a.model, a.local) == (
+        b.seed,
+        b.rounds,
+        b.eval,
+        b.dataset,
+        b.partition,
+        b.clients,
+        b.model,
+        b.local,
+    )
     assert a.local.keep_optimizer and a.model.norm in ("instancenorm", "batchnorm")

@@ -186,9 +186,7 @@ def test_error_zero_clients(labels):
 def test_error_min_size_bounded_retry():
     lab = np.repeat(np.arange(C), 100)
     msg = _one_line_error(
-        lambda: partition(
-            lab, 10, "dirichlet", np.random.default_rng(0), alpha=0.01, min_size=90, max_tries=50
-        )
+        lambda: partition(lab, 10, "dirichlet", np.random.default_rng(0), alpha=0.01, min_size=90, max_tries=50)
     )
     for key in ("partition.alpha", "partition.min_size", "clients.num", "50 tries"):
         assert key in msg
@@ -210,9 +208,7 @@ def test_error_min_size_impossible_total():
 
 @pytest.mark.parametrize("k", [0, 11])
 def test_error_classes_per_client(labels, k):
-    msg = _one_line_error(
-        lambda: partition(labels, 10, "classes", np.random.default_rng(0), classes_per_client=k)
-    )
+    msg = _one_line_error(lambda: partition(labels, 10, "classes", np.random.default_rng(0), classes_per_client=k))
     assert "partition.classes_per_client" in msg
 
 

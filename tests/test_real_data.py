@@ -1,4 +1,5 @@
 """Runs on the real datasets in ../shared/data (skipped with a reason where it is absent)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,8 +16,9 @@ def test_fedavg_mnist_config_passes_94_percent_by_its_third_round(ray_session, t
     from raysim.runner import run_experiment
 
     root = shared_data("mnist")
-    config = load_config(ROOT / "configs/fedavg_mnist.yaml",
-                         [f"dataset.root={root}", "output.tensorboard=false", "rounds=3"])
+    config = load_config(
+        ROOT / "configs/fedavg_mnist.yaml", [f"dataset.root={root}", "output.tensorboard=false", "rounds=3"]
+    )
     summary = run_experiment(config, tmp_path / "run")
     assert summary["rounds"] == 3
     assert summary["final_accuracy"] >= 0.94, summary  # chance is 0.1

@@ -6,6 +6,7 @@ tolerance absorbs a different CPU's float rounding, not a change of algorithm or
 AMD EPYC (AVX-512) the same code gives losses within 1e-3 relative of these (recorded on another
 CPU) and accuracies within 0.0015, where another seed moves the losses by 9-20%.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,12 +16,17 @@ from tests.test_dynafed import TINY as DYNAFED
 from tests.test_fedaf import TINY_CONDENSATION
 
 RECORDED = {
-    "fedavg": ({"algorithm.name": "fedavg", "clients.per_round": 4, "rounds": 3},  # 4 of 6: the default sample
-               [0.364, 0.4575, 0.6155], [1.8259672241210938, 1.3160350341796876, 1.06982958984375]),
-    "scaffold": ({"algorithm.name": "scaffold", "rounds": 3},
-                 [0.384, 0.57, 0.6785], [1.7784205932617188, 1.1071754760742187, 0.8681982116699218]),
-    "fedaf": ({"algorithm.name": "fedaf", **TINY_CONDENSATION},
-              [0.1, 0.135], [2.2941201171875, 2.28204345703125]),
+    "fedavg": (
+        {"algorithm.name": "fedavg", "clients.per_round": 4, "rounds": 3},  # 4 of 6: the default sample
+        [0.364, 0.4575, 0.6155],
+        [1.8259672241210938, 1.3160350341796876, 1.06982958984375],
+    ),
+    "scaffold": (
+        {"algorithm.name": "scaffold", "rounds": 3},
+        [0.384, 0.57, 0.6785],
+        [1.7784205932617188, 1.1071754760742187, 0.8681982116699218],
+    ),
+    "fedaf": ({"algorithm.name": "fedaf", **TINY_CONDENSATION}, [0.1, 0.135], [2.2941201171875, 2.28204345703125]),
     "dynafed": (DYNAFED, [0.384, 0.5325, 0.612], [1.7784205932617188, 1.2092671508789063, 1.0217380981445312]),
 }
 

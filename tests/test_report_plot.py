@@ -1,5 +1,6 @@
 """`raysim report RUN... --plot FILE`: per-round curves, one line per experiment with a band over its
 seeds; and the one text-table printer (raysim.tables) behind report, tune and partition."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture
 def two_experiments(run_tiny):
     """2 configs (partition.alpha 0.5 and 0.1) x 2 seeds of tiny in-process runs, 3 rounds each."""
-    return [str(run_tiny(rounds=3, seed=seed, **{"partition.alpha": alpha})[1])
-            for alpha in (0.5, 0.1) for seed in (0, 1)]
+    return [
+        str(run_tiny(rounds=3, seed=seed, **{"partition.alpha": alpha})[1]) for alpha in (0.5, 0.1) for seed in (0, 1)
+    ]
 
 
 def test_report_plot_draws_one_line_per_experiment_with_a_band_over_seeds(two_experiments, tmp_path, capsys):
@@ -46,12 +48,20 @@ def test_report_plot_draws_one_line_per_experiment_with_a_band_over_seeds(two_ex
         for line in ax.lines:
             assert list(line.get_xdata()) == [1, 2, 3]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert sorted(labels) == ["fedavg embedded partition.alpha=0.1 (2 seeds)",
-                              "fedavg embedded partition.alpha=0.5 (2 seeds)"]
+    assert sorted(labels) == [
+        "fedavg embedded partition.alpha=0.1 (2 seeds)",
+        "fedavg embedded partition.alpha=0.5 (2 seeds)",
+    ]
     # the accuracy line is the mean of the seeds' accuracies, its band their min..max
 
-    per_seed = [[r["value"] for r in pq.read_table(Path(d) / "metrics.parquet").to_pylist()
-                 if r["client"] is None and r["metric"] == "accuracy"] for d in two_experiments[:2]]
+    per_seed = [
+        [
+            r["value"]
+            for r in pq.read_table(Path(d) / "metrics.parquet").to_pylist()
+            if r["client"] is None and r["metric"] == "accuracy"
+        ]
+        for d in two_experiments[:2]
+    ]
     line = next(ln for ln in panels[0].lines if "alpha=0.5" in ln.get_label())
     np.testing.assert_allclose(line.get_ydata(), np.mean(per_seed, axis=0))
     band = panels[0].collections[[ln.get_label() for ln in panels[0].lines].index(line.get_label())]
@@ -73,16 +83,32 @@ def test_report_plot_writes_svg_and_pdf(two_experiments, tmp_path, capsys):
 
 def fake_run(run, seed: int = 0):
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "rounds": 2, "dataset": {"name": "embedded"},
-                                                     "algorithm": {"name": "fedavg"}}))
-    (run / "summary.json").write_text(json.dumps({"final_accuracy": 0.5, "best_accuracy": 0.5, "rounds": 2,
-                                                  "bytes_up": 1e6, "bytes_down": 1e6, "wall_time_s": 1.0}))
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({"seed": seed, "rounds": 2, "dataset": {"name": "embedded"}, "algorithm": {"name": "fedavg"}})
+    )
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "final_accuracy": 0.5,
+                "best_accuracy": 0.5,
+                "rounds": 2,
+                "bytes_up": 1e6,
+                "bytes_down": 1e6,
+                "wall_time_s": 1.0,
+            }
+        )
+    )
     return str(run)
 
 
-@pytest.mark.parametrize("plot, words", [("curves.jpg", "must end in .png, .pdf, .svg"),
-                                          ("curves", "must end in .png, .pdf, .svg"),
-                                          ("curves.png", "has no metrics.parquet")])
+@pytest.mark.parametrize(
+    "plot, words",
+    [
+        ("curves.jpg", "must end in .png, .pdf, .svg"),
+        ("curves", "must end in .png, .pdf, .svg"),
+        ("curves.png", "has no metrics.parquet"),
+    ],
+)
 def test_report_plot_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, plot, words):
     run = fake_run(tmp_path / "run")  # config.yaml and summary.json but no metrics.parquet
     code = main(["report", run, "--plot", str(tmp_path / plot)])
@@ -104,9 +130,11 @@ def test_report_plot_unreadable_metrics(two_experiments, tmp_path, capsys):
 
 
 def test_text_table_aligns_numbers_right_and_text_left():
-    text = text_table(["name", "n", "acc", "note"],
-                      [["fedavg", 3, "0.4000 +- 0.0141", "x"], ["fedprox long name", 12, "-", "longer note"]],
-                      footer=[["total", 15, "0.5", ""]])
+    text = text_table(
+        ["name", "n", "acc", "note"],
+        [["fedavg", 3, "0.4000 +- 0.0141", "x"], ["fedprox long name", 12, "-", "longer note"]],
+        footer=[["total", 15, "0.5", ""]],
+    )
     assert text.splitlines() == [
         "name                n               acc  note",
         "-----------------  --  ----------------  -----------",
@@ -139,10 +167,24 @@ def test_the_three_tables_use_the_shared_printer():
 
     from raysim.tuning import format_table
 
-    rows = [{"trial_id": "ab_00000", "local.lr": 0.05, "best_accuracy": 0.61234, "final_accuracy": 0.6,
-             "rounds": 3, "status": "finished"},
-            {"trial_id": "ab_00001", "local.lr": 0.1, "best_accuracy": None, "final_accuracy": None,
-             "rounds": 1, "status": "error"}]
+    rows = [
+        {
+            "trial_id": "ab_00000",
+            "local.lr": 0.05,
+            "best_accuracy": 0.61234,
+            "final_accuracy": 0.6,
+            "rounds": 3,
+            "status": "finished",
+        },
+        {
+            "trial_id": "ab_00001",
+            "local.lr": 0.1,
+            "best_accuracy": None,
+            "final_accuracy": None,
+            "rounds": 1,
+            "status": "error",
+        },
+    ]
     lines = format_table(rows, SimpleNamespace(space={"local.lr": None})).splitlines()
     assert lines[0].split() == ["trial_id", "local.lr", "best_accuracy", "final_accuracy", "rounds", "status"]
     assert lines[2] == "ab_00000      0.05         0.6123             0.6       3  finished"

@@ -1,6 +1,7 @@
 """Run directories that cannot be clobbered, checkpoints that cannot run code, and honest errors:
 a planted pickle, two runs on one directory, a live run's resume, bad values, a full disk, a
 damaged checkpoint."""
+
 from __future__ import annotations
 
 import os
@@ -82,9 +83,13 @@ def test_states_round_trip_through_the_safe_format(tmp_path):
 
     from raysim.outputs.state_files import load_state, save_state
 
-    state = {"weights": {"fc.weight": torch.randn(3, 4)}, "counts": np.arange(6, dtype=np.uint16).reshape(2, 3),
-             3: [1, 2.5, "x", None, (np.float32(0.5), np.int64(7))], "empty": np.zeros((0, 4)),
-             "batches_tracked": np.array(12, dtype=np.int64)}
+    state = {
+        "weights": {"fc.weight": torch.randn(3, 4)},
+        "counts": np.arange(6, dtype=np.uint16).reshape(2, 3),
+        3: [1, 2.5, "x", None, (np.float32(0.5), np.int64(7))],
+        "empty": np.zeros((0, 4)),
+        "batches_tracked": np.array(12, dtype=np.int64),
+    }
     save_state(tmp_path / "s.pt", state)
     back = load_state(tmp_path / "s.pt", "")
     assert torch.equal(back["weights"]["fc.weight"], state["weights"]["fc.weight"])
@@ -100,10 +105,13 @@ def test_states_round_trip_through_the_safe_format(tmp_path):
 # ------------------------------------------------------------------ 3. one process per run directory
 def hold_lock(run_dir: Path) -> subprocess.Popen:
     """Another process that owns `run_dir` (as a running `raysim run` does) until it is killed."""
-    code = ("import sys; from raysim.outputs.run_lock import lock_run_dir; lock_run_dir(sys.argv[1]); "
-            "print('locked', flush=True); sys.stdin.read()")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, cwd=ROOT)
+    code = (
+        "import sys; from raysim.outputs.run_lock import lock_run_dir; lock_run_dir(sys.argv[1]); "
+        "print('locked', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(run_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT
+    )
     assert proc.stdout.readline().strip() == b"locked"
     return proc
 
@@ -132,8 +140,16 @@ def test_a_live_run_directory_is_refused_and_freed_when_its_owner_is_killed(run_
 
 def test_two_runs_started_together_on_one_directory_one_wins(tmp_path):
     out = tmp_path / "same"
-    cmd = [sys.executable, "-m", "raysim.cli", "run", QUICKSTART,
-           *tiny_overrides(**{"rounds": 1, "resources.in_process": True, "resources.num_cpus": 1}), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "raysim.cli",
+        "run",
+        QUICKSTART,
+        *tiny_overrides(**{"rounds": 1, "resources.in_process": True, "resources.num_cpus": 1}),
+        "--out",
+        str(out),
+    ]
     procs = [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     results = [(p.wait(timeout=300), p.stderr.read().decode()) for p in procs]
     codes = sorted(code for code, _ in results)
@@ -153,22 +169,26 @@ def test_resuming_a_finished_run_says_so_without_starting_ray(run_tiny, tmp_path
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started")
+
     monkeypatch.setattr(session, "ray_session", no_ray)
     assert main(["run", "--resume", str(run_dir)]) == 0
     assert f"'{run_dir}' has finished all 2 rounds: nothing to run" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ 5. values that cannot be right
-@pytest.mark.parametrize("override, words", [
-    ("local.lr=.nan", "'local.lr' must be a finite number"),
-    ("local.lr=.inf", "'local.lr' must be a finite number"),
-    ("local.lr=-0.01", "'local.lr' is a learning rate and must be >= 0"),
-    ("local.momentum=1.0", "'local.momentum' is a momentum and must be in [0, 1)"),
-    ("local.momentum=-0.5", "'local.momentum' is a momentum and must be in [0, 1)"),
-    ("local.weight_decay=-1e-4", "'local.weight_decay' is a weight decay and must be >= 0"),
-    ("clients.per_round=2.5", "clients.per_round must be a count >= 1 or a fraction in (0, 1], got 2.5"),
-    ("algorithm.server_lr=-1", "'algorithm.server_lr' is a learning rate"),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("local.lr=.nan", "'local.lr' must be a finite number"),
+        ("local.lr=.inf", "'local.lr' must be a finite number"),
+        ("local.lr=-0.01", "'local.lr' is a learning rate and must be >= 0"),
+        ("local.momentum=1.0", "'local.momentum' is a momentum and must be in [0, 1)"),
+        ("local.momentum=-0.5", "'local.momentum' is a momentum and must be in [0, 1)"),
+        ("local.weight_decay=-1e-4", "'local.weight_decay' is a weight decay and must be >= 0"),
+        ("clients.per_round=2.5", "clients.per_round must be a count >= 1 or a fraction in (0, 1], got 2.5"),
+        ("algorithm.server_lr=-1", "'algorithm.server_lr' is a learning rate"),
+    ],
+)
 def test_values_that_cannot_be_right_are_refused_in_one_line(override, words, tmp_path, capsys):
     extra = ["algorithm.name=feddm"] if override.startswith("algorithm.") else []
     assert main(["run", QUICKSTART, *extra, override, "--out", str(tmp_path / "r")]) == 2

@@ -1,15 +1,17 @@
 """Configs shipped in the package (raysim/configs/): found by name from any folder, listed by
 `raysim configs`, and all declared as package data so a non-editable install carries them."""
+
 from __future__ import annotations
 
 import fnmatch
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from raysim.errors import RaysimError
-from raysim.shipped_configs import ROOT as SHIPPED, list_configs, resolve
+from raysim.shipped_configs import ROOT as SHIPPED
+from raysim.shipped_configs import list_configs, resolve
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,13 +20,16 @@ def test_configs_folder_at_the_repo_root_is_the_packaged_one():
     assert (REPO / "configs").resolve() == SHIPPED == (REPO / "raysim" / "configs").resolve()
 
 
-@pytest.mark.parametrize("name, file", [
-    ("quickstart", "quickstart.yaml"),
-    ("quickstart.yaml", "quickstart.yaml"),
-    ("fedhydra/mnist_2cc_cpu", "fedhydra/mnist_2cc_cpu.yaml"),
-    ("fedhydra/mnist_2cc_cpu.yaml", "fedhydra/mnist_2cc_cpu.yaml"),
-    ("sweeps/cpu", "sweeps/cpu.yaml"),
-])
+@pytest.mark.parametrize(
+    "name, file",
+    [
+        ("quickstart", "quickstart.yaml"),
+        ("quickstart.yaml", "quickstart.yaml"),
+        ("fedhydra/mnist_2cc_cpu", "fedhydra/mnist_2cc_cpu.yaml"),
+        ("fedhydra/mnist_2cc_cpu.yaml", "fedhydra/mnist_2cc_cpu.yaml"),
+        ("sweeps/cpu", "sweeps/cpu.yaml"),
+    ],
+)
 def test_resolve_a_shipped_name_from_any_folder(tmp_path, monkeypatch, name, file):
     monkeypatch.chdir(tmp_path)
     assert resolve(name) == SHIPPED / file
@@ -49,8 +54,11 @@ def test_unknown_name_through_the_cli_is_one_line_and_exit_2(tmp_path, monkeypat
     from raysim.cli import main
 
     monkeypatch.chdir(tmp_path)
-    for argv in (["run", "nosuch", "--out", str(tmp_path / "run")], ["partition", "nosuch"],
-                 ["tune", "nosuch", "--out", str(tmp_path / "sweep")]):
+    for argv in (
+        ["run", "nosuch", "--out", str(tmp_path / "run")],
+        ["partition", "nosuch"],
+        ["tune", "nosuch", "--out", str(tmp_path / "sweep")],
+    ):
         code = main(argv)
         lines = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(lines) == 1, (argv, lines)
@@ -81,6 +89,7 @@ def test_raysim_configs_lists_names_and_first_comment_lines(capsys):
 
 def _glob_match(path: str, pattern: str) -> bool:
     """Whether setuptools' glob would match: '*' stays within one folder, '**' spans folders."""
+
     def match(parts: list[str], pats: list[str]) -> bool:
         if not pats:
             return not parts
@@ -96,8 +105,7 @@ def test_every_shipped_config_is_package_data():
     patterns = pyproject["tool"]["setuptools"]["package-data"]["raysim"]
     found = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     assert any(fnmatch.fnmatchcase("raysim", pattern) for pattern in found)
-    files = [p.relative_to(REPO / "raysim").as_posix() for p in (REPO / "raysim" / "configs").rglob("*")
-             if p.is_file()]
+    files = [p.relative_to(REPO / "raysim").as_posix() for p in (REPO / "raysim" / "configs").rglob("*") if p.is_file()]
     assert len(files) > 100 and "configs/fedhydra/mnist_2cc_cpu.yaml" in files
     assert "configs/sweeps/cpu.yaml" in files
     missing = [f for f in files if not any(_glob_match(f, pattern) for pattern in patterns)]

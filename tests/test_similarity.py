@@ -1,4 +1,5 @@
 """Linear CKA (raysim.similarity): the properties Kornblith et al. prove, on small random matrices."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -52,8 +53,13 @@ def test_the_matrix_of_classifier_weights_is_symmetric_with_a_unit_diagonal():
     # three "clients" whose classifiers (10 classes x 32 features) are noisy copies of two patterns;
     # the fourth has a different feature width (heterogeneous models share the class rows)
     a, b = randn(10, 32), randn(10, 32, seed=1)
-    weights = [a + 0.1 * randn(10, 32, seed=2), a + 0.1 * randn(10, 32, seed=3), b, torch.zeros(10, 32),
-               randn(10, 8, seed=4)]
+    weights = [
+        a + 0.1 * randn(10, 32, seed=2),
+        a + 0.1 * randn(10, 32, seed=3),
+        b,
+        torch.zeros(10, 32),
+        randn(10, 8, seed=4),
+    ]
     m = cka_matrix(weights)
     assert m.shape == (5, 5) and np.allclose(m, m.T) and np.allclose(np.diag(m), 1.0)
     assert ((m >= 0) & (m <= 1)).all()

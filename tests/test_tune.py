@@ -1,4 +1,5 @@
 """`raysim tune`: sweep files are checked before Ray starts; a sweep runs, ranks and resumes."""
+
 from __future__ import annotations
 
 import os
@@ -19,30 +20,37 @@ from raysim.tuning import trial_bundles
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs/quickstart.yaml")
-TINY_BASE = {"rounds": 2, "clients": {"num": 4, "per_round": 4}, "model": {"width": 8},
-             "output": {"tensorboard": False}, "resources": {"actors": 1, "cpus_per_actor": 1}}
+TINY_BASE = {
+    "rounds": 2,
+    "clients": {"num": 4, "per_round": 4},
+    "model": {"width": 8},
+    "output": {"tensorboard": False},
+    "resources": {"actors": 1, "cpus_per_actor": 1},
+}
 
 
 def write_sweep(tmp_path: Path, **fields) -> Path:
-    data = {"base": QUICK, "overrides": TINY_BASE, "space": {"local.lr": {"grid": [0.01, 0.05]}},
-            "concurrency": 2}
+    data = {"base": QUICK, "overrides": TINY_BASE, "space": {"local.lr": {"grid": [0.01, 0.05]}}, "concurrency": 2}
     data.update(fields)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"space": {"local.epocs": {"grid": [1, 2]}}}, "unknown config key 'local.epocs'"),
-    ({"space": {"local.lr": {"normal": [0, 1]}}}, "must be one of"),
-    ({"space": {"local.lr": {"loguniform": [0, 1]}}}, "needs low > 0"),
-    ({"space": {"local.lr": {"uniform": [1, 0.5]}}}, "low < high"),
-    ({"space": {"partition.alpha": {"grid": [0]}}}, "partition.alpha must be > 0"),
-    ({"metric": "loss"}, "metric must be best_accuracy or final_accuracy"),
-    ({"base": "/no/such.yaml"}, "does not exist"),
-    ({"scheduler": {"kind": "hyperband"}}, "scheduler must be"),
-    ({"trials": 3}, "unknown key(s) trials"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"space": {"local.epocs": {"grid": [1, 2]}}}, "unknown config key 'local.epocs'"),
+        ({"space": {"local.lr": {"normal": [0, 1]}}}, "must be one of"),
+        ({"space": {"local.lr": {"loguniform": [0, 1]}}}, "needs low > 0"),
+        ({"space": {"local.lr": {"uniform": [1, 0.5]}}}, "low < high"),
+        ({"space": {"partition.alpha": {"grid": [0]}}}, "partition.alpha must be > 0"),
+        ({"metric": "loss"}, "metric must be best_accuracy or final_accuracy"),
+        ({"base": "/no/such.yaml"}, "does not exist"),
+        ({"scheduler": {"kind": "hyperband"}}, "scheduler must be"),
+        ({"trials": 3}, "unknown key(s) trials"),
+    ],
+)
 def test_bad_sweeps_fail_with_one_clear_message(tmp_path, fields, words):
     with pytest.raises(RaysimError) as err:
         load_sweep(write_sweep(tmp_path, **fields))
@@ -80,8 +88,13 @@ def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_bes
     out = tmp_path / "out"
     env = {**os.environ, "RAY_DEDUP_LOGS": "1"}
     cmd = [sys.executable, "-m", "raysim.cli", "tune"]
-    first = subprocess.Popen([*cmd, str(sweep), "resources.num_cpus=2", "--out", str(out)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    first = subprocess.Popen(
+        [*cmd, str(sweep), "resources.num_cpus=2", "--out", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     deadline = time.time() + 180
     while time.time() < deadline and not list((out / "runs").glob("*/checkpoints/last.pt")):
         time.sleep(1)
@@ -102,7 +115,8 @@ def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_bes
     assert table[0]["best_accuracy"] >= table[1]["best_accuracy"] > 0.2  # chance is 0.1
     for row in table:  # every trial keeps the usual outputs
         assert {"summary.json", "metrics.parquet", "config.yaml", "actors.yaml"} <= {
-            p.name for p in Path(row["run_dir"]).iterdir()}
+            p.name for p in Path(row["run_dir"]).iterdir()
+        }
     best = load_config(out / "best.yaml")
     assert best.local.lr == table[0]["local.lr"] and best.rounds == 3
     again = resume_sweep(out)

@@ -13,6 +13,7 @@ DSA authors' `DiffAugment`:
 All operations are differentiable in the images (affine grids, masks,
 arithmetic), so gradients reach synthetic pixels.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,19 +27,18 @@ FAMILIES = ("color", "crop", "cutout", "flip", "scale", "rotate")
 
 @dataclass(frozen=True)
 class DSAParams:
-    flip: float = 0.5          # probability of a horizontal flip
-    scale: float = 1.2         # scale factors drawn from [1/scale, scale] per axis
-    rotate: float = 15.0       # degrees, +-
-    crop: float = 0.125        # translation of up to this fraction of the side
-    cutout: float = 0.5        # side of the zeroed square, as a fraction of the image side
+    flip: float = 0.5  # probability of a horizontal flip
+    scale: float = 1.2  # scale factors drawn from [1/scale, scale] per axis
+    rotate: float = 15.0  # degrees, +-
+    crop: float = 0.125  # translation of up to this fraction of the side
+    cutout: float = 0.5  # side of the zeroed square, as a fraction of the image side
     brightness: float = 1.0
     saturation: float = 2.0
     contrast: float = 0.5
 
 
 class DSA:
-    def __init__(self, families: tuple[str, ...] = FAMILIES, params: DSAParams = DSAParams(),
-                 per_image: bool = False):
+    def __init__(self, families: tuple[str, ...] = FAMILIES, params: DSAParams = DSAParams(), per_image: bool = False):
         unknown = set(families) - set(FAMILIES)
         if unknown:
             raise ValueError(f"unknown DSA families {sorted(unknown)}; choose from {FAMILIES}")
@@ -86,14 +86,14 @@ class DSA:
         dx = int(round((self._u(g) * 2 - 1) * self.p.crop * w))
         dy = int(round((self._u(g) * 2 - 1) * self.p.crop * h))
         pad = F.pad(x, (abs(dx), abs(dx), abs(dy), abs(dy)))
-        return pad[:, :, abs(dy) + dy: abs(dy) + dy + h, abs(dx) + dx: abs(dx) + dx + w]
+        return pad[:, :, abs(dy) + dy : abs(dy) + dy + h, abs(dx) + dx : abs(dx) + dx + w]
 
     def _cutout(self, x, g):
         h, w = x.shape[2], x.shape[3]
         ch, cw = int(h * self.p.cutout + 0.5), int(w * self.p.cutout + 0.5)
         cy, cx = int(self._u(g) * (h + 1 - ch % 2)), int(self._u(g) * (w + 1 - cw % 2))
         mask = torch.ones(1, 1, h, w, dtype=x.dtype, device=x.device)
-        mask[:, :, max(cy - ch // 2, 0): min(cy + ch // 2, h), max(cx - cw // 2, 0): min(cx + cw // 2, w)] = 0
+        mask[:, :, max(cy - ch // 2, 0) : min(cy + ch // 2, h), max(cx - cw // 2, 0) : min(cx + cw // 2, w)] = 0
         return x * mask
 
     # ------------------------------------------------------------- per image
@@ -116,8 +116,9 @@ class DSA:
     def _rotate_each(self, x, g):
         angle = (self._u_each(x, g) - 0.5) * 2 * math.radians(self.p.rotate)
         c, s = angle.cos(), angle.sin()
-        theta = torch.stack([torch.stack([c, -s, torch.zeros_like(c)], 1),
-                             torch.stack([s, c, torch.zeros_like(c)], 1)], 1)
+        theta = torch.stack(
+            [torch.stack([c, -s, torch.zeros_like(c)], 1), torch.stack([s, c, torch.zeros_like(c)], 1)], 1
+        )
         return self._affine_each(x, theta)
 
     def _flip_each(self, x, g):
@@ -149,5 +150,5 @@ class DSA:
         cx = (self._u_each(x, g) * (w + 1 - cw % 2)).long().view(-1, 1, 1)
         rows = torch.arange(h, device=x.device).view(1, -1, 1)
         cols = torch.arange(w, device=x.device).view(1, 1, -1)
-        inside = ((rows >= cy - ch // 2) & (rows < cy + ch // 2) & (cols >= cx - cw // 2) & (cols < cx + cw // 2))
+        inside = (rows >= cy - ch // 2) & (rows < cy + ch // 2) & (cols >= cx - cw // 2) & (cols < cx + cw // 2)
         return x * (~inside).unsqueeze(1).to(x.dtype)

@@ -1,8 +1,9 @@
 """Distribution matching (DM; Zhao & Bilen, 2023) and class-wise logit statistics."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +27,15 @@ class ClassMeans:
     syn_logits: torch.Tensor | None = None
 
 
-def class_means(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torch.Tensor],
-                augment: Augment | None = None, seed: int = 0, logits: bool = False,
-                batched: bool = True) -> ClassMeans:
+def class_means(
+    model: torch.nn.Module,
+    real: list[torch.Tensor],
+    syn: list[torch.Tensor],
+    augment: Augment | None = None,
+    seed: int = 0,
+    logits: bool = False,
+    batched: bool = True,
+) -> ClassMeans:
     """Mean features (and logits) of each class's real and synthetic images through `model`.
 
     `real[i]` and `syn[i]` hold the images of the i-th class present at the client. With
@@ -36,6 +43,7 @@ def class_means(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torc
     (one augmentation draw for the step, shared by both); otherwise a loop over classes (the
     DM reference code's way, kept for the benchmark), with one draw per class.
     """
+
     def stack(parts):
         return torch.stack(parts) if parts[0] is not None else None
 
@@ -49,6 +57,7 @@ def class_means(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torc
 
         def means(values, sets):
             return None if values is None else stack([c.mean(0) for c in values.split([len(x) for x in sets])])
+
         return ClassMeans(means(fr, real), means(fs, syn), means(lr, real), means(ls, syn))
     rows = []
     for i, (r, s) in enumerate(zip(real, syn)):
@@ -70,9 +79,15 @@ def distribution_distance(means: ClassMeans, match_logits: bool = False) -> torc
     return loss
 
 
-def dm_loss(model: torch.nn.Module, real: list[torch.Tensor], syn: list[torch.Tensor],
-            augment: Augment | None = None, seed: int = 0, match_logits: bool = False,
-            batched: bool = True) -> torch.Tensor:
+def dm_loss(
+    model: torch.nn.Module,
+    real: list[torch.Tensor],
+    syn: list[torch.Tensor],
+    augment: Augment | None = None,
+    seed: int = 0,
+    match_logits: bool = False,
+    batched: bool = True,
+) -> torch.Tensor:
     """The DM loss of one step (see `class_means` for the arguments)."""
     return distribution_distance(class_means(model, real, syn, augment, seed, match_logits, batched), match_logits)
 
@@ -93,14 +108,15 @@ def real_batch_indices(available: int, size: int, generator: torch.Generator) ->
 
 
 @torch.no_grad()
-def class_mean_logits(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int,
-                      batch_size: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
+def class_mean_logits(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, num_classes: int, batch_size: int = 1000
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(C, C) class-wise mean logits (FedAF eq. 5; zero rows for absent classes) and the (C,) counts."""
     sums = torch.zeros(num_classes, num_classes, device=x.device)
     counts = torch.zeros(num_classes, device=x.device)
     for start in range(0, len(y), batch_size):
-        logits = model(x[start:start + batch_size])
-        yb = y[start:start + batch_size]
+        logits = model(x[start : start + batch_size])
+        yb = y[start : start + batch_size]
         sums.index_add_(0, yb, logits.float())
         counts += torch.bincount(yb, minlength=num_classes).float()
     means = sums / counts.clamp_min(1).unsqueeze(1)

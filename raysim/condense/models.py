@@ -1,4 +1,5 @@
 """Models to match through: FedAF's re-sampling (eq. 17) and FedDM's samples around the global model."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,8 +17,9 @@ def _reset_parameters(model: torch.nn.Module, seed: int) -> None:
 
 
 @torch.no_grad()
-def resample_model(model: torch.nn.Module, scratch: torch.nn.Module, global_weights: dict[str, np.ndarray],
-                   gamma: float, seed: int) -> torch.nn.Module:
+def resample_model(
+    model: torch.nn.Module, scratch: torch.nn.Module, global_weights: dict[str, np.ndarray], gamma: float, seed: int
+) -> torch.nn.Module:
     """model <- gamma * w_global + (1 - gamma) * w_random  (FedAF eq. 17).
 
     w_random is a fresh initialisation (drawn into `scratch` from `seed`);
@@ -34,13 +36,14 @@ def resample_model(model: torch.nn.Module, scratch: torch.nn.Module, global_weig
 
 
 @torch.no_grad()
-def perturb_model(model: torch.nn.Module, global_weights: dict[str, np.ndarray], rho: float,
-                  generator: torch.Generator) -> torch.nn.Module:
+def perturb_model(
+    model: torch.nn.Module, global_weights: dict[str, np.ndarray], rho: float, generator: torch.Generator
+) -> torch.nn.Module:
     """model <- w_global + rho * g / ||g||, g a Gaussian direction (FedDM's sampling at distance rho)."""
     load_weights(model, global_weights)
     params = list(model.parameters())
     noise = [torch.randn(p.shape, generator=generator).to(p.device) for p in params]
-    norm = torch.sqrt(sum((n ** 2).sum() for n in noise))
+    norm = torch.sqrt(sum((n**2).sum() for n in noise))
     for p, n in zip(params, noise):
         p.add_(n, alpha=rho / float(norm))
     return model

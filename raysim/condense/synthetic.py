@@ -1,7 +1,8 @@
 """Condensed sets: initialisation, uint8 transport, and training a model on them."""
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -11,8 +12,9 @@ from raysim.condense.augment import DSA
 from raysim.training import even_batches, train
 
 
-def init_synthetic(real: torch.Tensor, ipc: int, generator: torch.Generator, mode: str = "real",
-                   average_of: int = 10) -> torch.Tensor:
+def init_synthetic(
+    real: torch.Tensor, ipc: int, generator: torch.Generator, mode: str = "real", average_of: int = 10
+) -> torch.Tensor:
     """`ipc` initial images for one class from its real images (n, C, H, W).
 
     real:    ipc distinct random real images (with replacement if n < ipc);
@@ -30,7 +32,9 @@ def init_synthetic(real: torch.Tensor, ipc: int, generator: torch.Generator, mod
     if mode == "noise":
         return torch.randn((ipc, *real.shape[1:]), generator=generator).to(real.device)
     if mode == "real":
-        idx = torch.randperm(n, generator=generator)[:ipc] if n >= ipc else torch.randint(n, (ipc,), generator=generator)
+        idx = (
+            torch.randperm(n, generator=generator)[:ipc] if n >= ipc else torch.randint(n, (ipc,), generator=generator)
+        )
         return real[idx.to(real.device)].clone()
     if mode == "average":
         k = max(1, min(average_of, n))
@@ -81,16 +85,37 @@ def to_pixels(images: torch.Tensor | np.ndarray, mean: np.ndarray, std: np.ndarr
 ExtraLoss = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def train_on_synthetic(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int, batch_size: int,
-                       lr: float, momentum: float, generator: torch.Generator, augment: DSA | None = None,
-                       extra_loss: ExtraLoss | None = None, weight_decay: float = 0.0) -> float:
+def train_on_synthetic(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    generator: torch.Generator,
+    augment: DSA | None = None,
+    extra_loss: ExtraLoss | None = None,
+    weight_decay: float = 0.0,
+) -> float:
     """Cross-entropy training on a condensed set in even batches (+ `extra_loss(model, xb, yb, logits)`);
     returns the last epoch's loss."""
+
     def loss_fn(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         logits = model(xb)
         loss = F.cross_entropy(logits, yb)
         return loss if extra_loss is None else loss + extra_loss(model, xb, yb, logits)
 
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
-    return train(model, x, y, epochs=epochs, batch_size=batch_size, optimizer=optimizer, generator=generator,
-                 loss_fn=loss_fn, augment=augment, split=even_batches).last_epoch_loss
+    return train(
+        model,
+        x,
+        y,
+        epochs=epochs,
+        batch_size=batch_size,
+        optimizer=optimizer,
+        generator=generator,
+        loss_fn=loss_fn,
+        augment=augment,
+        split=even_batches,
+    ).last_epoch_loss

@@ -8,9 +8,10 @@ differentiated through every unrolled step. Only the current parameters of the i
 run are held (autograd keeps what the backward pass needs, nothing more): no copy of
 the trajectory is made per step.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -42,10 +43,18 @@ def inner_batches(n: int, batch_size: int, generator: torch.Generator) -> Iterat
         yield from torch.randperm(n, generator=generator).split(batch_size)
 
 
-def unrolled_training(model: torch.nn.Module, start: dict[str, torch.Tensor], x: torch.Tensor,
-                      label_logits: torch.Tensor, step_size: torch.Tensor | float, steps: int, batch_size: int,
-                      generator: torch.Generator, augment: Augment | None = None,
-                      differentiable: bool = True) -> dict[str, torch.Tensor]:
+def unrolled_training(
+    model: torch.nn.Module,
+    start: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    step_size: torch.Tensor | float,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator,
+    augment: Augment | None = None,
+    differentiable: bool = True,
+) -> dict[str, torch.Tensor]:
     """s' steps of SGD from `start` on (x, soft labels). differentiable: the end point keeps the graph
     back to x, labels and step size (synthesis); otherwise each step is detached (evaluation, no
     graph held). `batch_size` <= 0 (or >= len(x)): the whole set every step."""
@@ -67,8 +76,13 @@ def unrolled_training(model: torch.nn.Module, start: dict[str, torch.Tensor], x:
     return params
 
 
-def _batch(x: torch.Tensor, label_logits: torch.Tensor, idx: torch.Tensor | None, augment: Augment | None,
-           generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    idx: torch.Tensor | None,
+    augment: Augment | None,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     xb, yb = (x, label_logits) if idx is None else (x[idx.to(x.device)], label_logits[idx.to(x.device)])
     if augment is not None:
         xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
@@ -86,12 +100,16 @@ def _squared_gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], shift_f
         gap = a[n] - b[n]
         if n in shift_free:  # one row per class: drop the part every row shares
             gap = gap - gap.mean(0, keepdim=True)
-        total = total + (gap ** 2).sum()
+        total = total + (gap**2).sum()
     return total
 
 
-def normalised_distance(end: dict[str, torch.Tensor], start: dict[str, torch.Tensor],
-                        target: dict[str, torch.Tensor], shift_free: tuple[str, ...] = ()) -> torch.Tensor:
+def normalised_distance(
+    end: dict[str, torch.Tensor],
+    start: dict[str, torch.Tensor],
+    target: dict[str, torch.Tensor],
+    shift_free: tuple[str, ...] = (),
+) -> torch.Tensor:
     """||w_hat - w_target||^2 / ||w_t - w_target||^2 (eq. 3), optionally blind to a shift of all class rows.
 
     Adding one vector to every row of the classifier (weight and bias) changes no softmax output, and
@@ -102,9 +120,15 @@ def normalised_distance(end: dict[str, torch.Tensor], start: dict[str, torch.Ten
     return _squared_gap(end, target, shift_free) / _squared_gap(start, target, shift_free).clamp_min(1e-12)
 
 
-def segment(trajectory: list[Weights], horizon: int, target_average: int, generator: torch.Generator,
-            names: list[str], device, target_average_max: int | None = None
-            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def segment(
+    trajectory: list[Weights],
+    horizon: int,
+    target_average: int,
+    generator: torch.Generator,
+    names: list[str],
+    device,
+    target_average_max: int | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """A start w_t (t uniform over the starts with s checkpoints after them) and its target: the mean of
     k checkpoints drawn with replacement from w_{t+1..t+s}. The paper averages 2 checkpoints sampled
     between w_t and w_{t+s}; the authors' code draws k uniformly from [target_average, target_average_max]
@@ -119,12 +143,26 @@ def segment(trajectory: list[Weights], horizon: int, target_average: int, genera
     return start, target
 
 
-def synthesize(model: torch.nn.Module, trajectory: list[Weights], images: torch.Tensor, label_logits: torch.Tensor,
-               *, iterations: int, inner_steps: int, horizon: int, target_average: int, batch_size: int,
-               image_lr: float, label_lr: float, step_size: float, step_size_lr: float,
-               generator: torch.Generator, augment: Augment | None = None,
-               shift_free: tuple[str, ...] = (), target_average_max: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
+def synthesize(
+    model: torch.nn.Module,
+    trajectory: list[Weights],
+    images: torch.Tensor,
+    label_logits: torch.Tensor,
+    *,
+    iterations: int,
+    inner_steps: int,
+    horizon: int,
+    target_average: int,
+    batch_size: int,
+    image_lr: float,
+    label_lr: float,
+    step_size: float,
+    step_size_lr: float,
+    generator: torch.Generator,
+    augment: Augment | None = None,
+    shift_free: tuple[str, ...] = (),
+    target_average_max: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
     """DynaFed's DataSyn (Algorithm 1): optimise images and soft labels so that s' steps on them
     from w_t land near w_{t+s}. Returns the images, label logits, final step size and the losses."""
     if len(trajectory) <= horizon:
@@ -138,13 +176,15 @@ def synthesize(model: torch.nn.Module, trajectory: list[Weights], images: torch.
     # The step size itself is the Adam parameter (as in the authors' code), so step_size_lr is in
     # step-size units; the clamp only keeps it positive.
     step = torch.tensor(float(step_size), device=x.device, requires_grad=True)
-    optimizer = torch.optim.Adam([{"params": [x], "lr": image_lr}, {"params": [y], "lr": label_lr},
-                                  {"params": [step], "lr": step_size_lr}])
+    optimizer = torch.optim.Adam(
+        [{"params": [x], "lr": image_lr}, {"params": [y], "lr": label_lr}, {"params": [step], "lr": step_size_lr}]
+    )
     losses = []
     for _ in range(iterations):
         start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
-        end = unrolled_training(model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size,
-                                generator, augment)
+        end = unrolled_training(
+            model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size, generator, augment
+        )
         loss = normalised_distance(end, start, target, shift_free)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -158,11 +198,23 @@ def _no_grad_copy(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: w.detach().clone() for n, w in weights.items()}
 
 
-def distance_after_training(model: torch.nn.Module, trajectory: list[Weights], x: torch.Tensor,
-                            label_logits: torch.Tensor, *, inner_steps: int, horizon: int, target_average: int,
-                            batch_size: int, step_size: float, segments: int, generator: torch.Generator,
-                            augment: Augment | None = None, shift_free: tuple[str, ...] = (),
-                            target_average_max: int | None = None) -> float:
+def distance_after_training(
+    model: torch.nn.Module,
+    trajectory: list[Weights],
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    *,
+    inner_steps: int,
+    horizon: int,
+    target_average: int,
+    batch_size: int,
+    step_size: float,
+    segments: int,
+    generator: torch.Generator,
+    augment: Augment | None = None,
+    shift_free: tuple[str, ...] = (),
+    target_average_max: int | None = None,
+) -> float:
     """Mean normalised distance reached from w_t after s' steps on (x, labels) over random segments
     (DynaFed's Figure 6 left). Plain SGD, no graph kept."""
     model.train()
@@ -170,7 +222,8 @@ def distance_after_training(model: torch.nn.Module, trajectory: list[Weights], x
     total = 0.0
     for _ in range(segments):
         start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
-        end = unrolled_training(model, start, x, label_logits, step_size, inner_steps, batch_size, generator,
-                                augment, differentiable=False)
+        end = unrolled_training(
+            model, start, x, label_logits, step_size, inner_steps, batch_size, generator, augment, differentiable=False
+        )
         total += float(normalised_distance(end, start, target, shift_free))
     return total / segments

@@ -9,6 +9,7 @@ conventions differ in how the per-direction squared gaps are reduced:
   (SW_2^2 times L, the SWAE loss summed rather than averaged over directions). For one point on each
   side it is about (L / d) ||x - y||^2: a squared distance, whose gradient grows with the gap.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,9 +24,14 @@ def _quantiles(sorted_values: torch.Tensor, k: int) -> torch.Tensor:
     return sorted_values[idx]
 
 
-def sliced_wasserstein(x: torch.Tensor, y: torch.Tensor, num_projections: int = 64,
-                       generator: torch.Generator | None = None, squared: bool = False,
-                       over_projections: str = "mean") -> torch.Tensor:
+def sliced_wasserstein(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_projections: int = 64,
+    generator: torch.Generator | None = None,
+    squared: bool = False,
+    over_projections: str = "mean",
+) -> torch.Tensor:
     """Sliced Wasserstein distance between {x_i} (n, d) and {y_j} (m, d) (see the module docstring)."""
     if over_projections not in ("mean", "sum"):
         raise ValueError(f"over_projections must be mean or sum, got {over_projections!r}")

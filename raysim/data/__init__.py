@@ -7,8 +7,8 @@ Decoded arrays are cached under $RAYSIM_CACHE_DIR (default ~/.cache/raysim) and
 memoised in-process; see raysim.data.cache.
 """
 
-from .arrays import ArrayDataset
-from .cache import clear_memory_cache
-from .registry import DATASET_NAMES, describe_datasets, load_dataset
+from raysim.data.arrays import ArrayDataset
+from raysim.data.cache import clear_memory_cache
+from raysim.data.registry import DATASET_NAMES, describe_datasets, load_dataset
 
 __all__ = ["ArrayDataset", "DATASET_NAMES", "clear_memory_cache", "describe_datasets", "load_dataset"]

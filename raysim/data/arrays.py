@@ -40,9 +40,13 @@ class ArrayDataset:
             if x.shape[1] != x.shape[2]:
                 raise ValueError(f"{self.name}: {split}_x images must be square, got {x.shape[1]}x{x.shape[2]}")
             if y.dtype != np.int64 or y.shape != (x.shape[0],):
-                raise ValueError(f"{self.name}: {split}_y must be int64 of shape ({x.shape[0]},), got {y.dtype} {y.shape}")
+                raise ValueError(
+                    f"{self.name}: {split}_y must be int64 of shape ({x.shape[0]},), got {y.dtype} {y.shape}"
+                )
         if self.train_x.shape[1:] != self.test_x.shape[1:]:
-            raise ValueError(f"{self.name}: train images {self.train_x.shape[1:]} and test images {self.test_x.shape[1:]} differ")
+            raise ValueError(
+                f"{self.name}: train images {self.train_x.shape[1:]} and test images {self.test_x.shape[1:]} differ"
+            )
         has_domain = [self.domains is not None, self.train_domain is not None, self.test_domain is not None]
         if any(has_domain) and not all(has_domain):
             raise ValueError(f"{self.name}: set domains, train_domain and test_domain together or not at all")
@@ -72,7 +76,7 @@ class ArrayDataset:
         total_sq = np.zeros(c, np.float64)
         step = 1 << 22  # pixels per chunk: bounded float64 temporaries
         for start in range(0, flat.shape[0], step):
-            chunk = flat[start:start + step].astype(np.float64)
+            chunk = flat[start : start + step].astype(np.float64)
             total += chunk.sum(axis=0)
             total_sq += np.square(chunk).sum(axis=0)
         n = max(flat.shape[0], 1)

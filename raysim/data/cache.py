@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .arrays import ArrayDataset
-from .source import Source
+from raysim.data.arrays import ArrayDataset
+from raysim.data.source import Source
 
 FORMAT_VERSION = 1
 log = logging.getLogger("raysim.data")
@@ -65,7 +65,10 @@ def _save(path: Path, ds: ArrayDataset) -> None:
     arrays = {
         "name": np.array(ds.name),
         "classes": np.array(ds.classes, dtype=str),
-        "train_x": ds.train_x, "train_y": ds.train_y, "test_x": ds.test_x, "test_y": ds.test_y,
+        "train_x": ds.train_x,
+        "train_y": ds.train_y,
+        "test_x": ds.test_x,
+        "test_y": ds.test_y,
     }
     if ds.domains is not None:
         arrays.update(domains=np.array(ds.domains, dtype=str), train_domain=ds.train_domain, test_domain=ds.test_domain)
@@ -88,7 +91,10 @@ def _load(path: Path) -> ArrayDataset:
         return ArrayDataset(
             name=str(z["name"]),
             classes=[str(c) for c in z["classes"]],
-            train_x=z["train_x"], train_y=z["train_y"], test_x=z["test_x"], test_y=z["test_y"],
+            train_x=z["train_x"],
+            train_y=z["train_y"],
+            test_x=z["test_x"],
+            test_y=z["test_y"],
             domains=domains,
             train_domain=z["train_domain"] if domains is not None else None,
             test_domain=z["test_domain"] if domains is not None else None,
@@ -113,7 +119,9 @@ def get_or_build(name: str, source: Source, image_size: int | None) -> ArrayData
     try:
         _save(path, ds)
     except OSError as exc:
-        warnings.warn(f"raysim: could not write dataset cache {path} ({exc}); set RAYSIM_CACHE_DIR to a writable folder")
+        warnings.warn(
+            f"raysim: could not write dataset cache {path} ({exc}); set RAYSIM_CACHE_DIR to a writable folder"
+        )
     return ds
 
 

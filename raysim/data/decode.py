@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 from PIL import Image
 
-from ..errors import RaysimError
-from .source import one_line
+from raysim.data.source import one_line
+from raysim.errors import RaysimError
 
 _GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "F"}
 

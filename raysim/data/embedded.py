@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import RaysimError
-from .parquet import read_parquet_dataset
-from .source import Source
+from raysim.data.parquet import read_parquet_dataset
+from raysim.data.source import Source
+from raysim.errors import RaysimError
 
 EMBEDDED_DIR = Path(__file__).resolve().parent / "embedded"
 

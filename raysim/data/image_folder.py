@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import RaysimError
-from .arrays import ArrayDataset
-from .decode import decode_images
-from .source import Source
+from raysim.data.arrays import ArrayDataset
+from raysim.data.decode import decode_images
+from raysim.data.source import Source
+from raysim.errors import RaysimError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-TEST_SPLITS = ("test", "valid", "val")   # CINIC-10 has valid/ too: used only when there is no test/
+TEST_SPLITS = ("test", "valid", "val")  # CINIC-10 has valid/ too: used only when there is no test/
 
 
 def _subdirs(folder: Path) -> list[str]:
@@ -24,7 +24,8 @@ def _subdirs(folder: Path) -> list[str]:
 def _images(folder: Path) -> list[Path]:
     with os.scandir(folder) as it:
         return sorted(
-            Path(e.path) for e in it
+            Path(e.path)
+            for e in it
             if e.is_file() and not e.name.startswith(".") and e.name.lower().endswith(IMAGE_EXTENSIONS)
         )
 
@@ -79,6 +80,7 @@ def _check_sizes(name: str, root: Path, *xs: np.ndarray) -> None:
 
 # --- plain image folder -------------------------------------------------------------------------
 
+
 def find_image_folder(root: Path, name: str, image_size: int | None) -> Source | None:
     train_dir = root / "train"
     if not train_dir.is_dir() or not _subdirs(train_dir):
@@ -112,6 +114,7 @@ def find_image_folder(root: Path, name: str, image_size: int | None) -> Source |
 
 # --- DomainNet-style: one image folder per domain ------------------------------------------------
 
+
 def find_domainnet(root: Path, name: str, image_size: int | None) -> Source | None:
     domains = [d for d in _subdirs(root) if (root / d / "train").is_dir()]
     if not domains:
@@ -120,7 +123,9 @@ def find_domainnet(root: Path, name: str, image_size: int | None) -> Source | No
     for d in domains:
         test_dir = _test_dir(root / d)
         if test_dir is None:
-            raise RaysimError(f"{name}: domain '{d}' has train/ but no test/ folder under {root / d}: add test/<class>/")
+            raise RaysimError(
+                f"{name}: domain '{d}' has train/ but no test/ folder under {root / d}: add test/<class>/"
+            )
         scans[d] = (_scan_split(root / d / "train"), _scan_split(test_dir), test_dir)
     classes = sorted(set().union(*(set(tr) for tr, _, _ in scans.values())))
     for d, (tr, te, _) in scans.items():

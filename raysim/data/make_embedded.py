@@ -89,10 +89,17 @@ def main(argv: list[str] | None = None) -> None:
     per_train = sample_split(src_train, args.out / "train.parquet", args.train, rng)
     per_test = sample_split(src_test, args.out / "test.parquet", args.test, rng)
     fmt = lambda c: ", ".join(str(int(v)) for v in c) if len(set(c.tolist())) > 1 else str(int(c[0]))  # noqa: E731
-    (args.out / "README.md").write_text(README.format(
-        n_train=args.train, n_test=args.test, per_train=fmt(per_train), per_test=fmt(per_test),
-        seed=args.seed, sha_train=sha256(src_train), sha_test=sha256(src_test),
-    ))
+    (args.out / "README.md").write_text(
+        README.format(
+            n_train=args.train,
+            n_test=args.test,
+            per_train=fmt(per_train),
+            per_test=fmt(per_test),
+            seed=args.seed,
+            sha_train=sha256(src_train),
+            sha_test=sha256(src_test),
+        )
+    )
     for f in ("train.parquet", "test.parquet"):
         print(f"{args.out / f}: {(args.out / f).stat().st_size / 1e6:.2f} MB")
 

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import RaysimError
-from .arrays import ArrayDataset
-from .classnames import KNOWN_CLASSES
-from .decode import decode_images
-from .source import Source, one_line
+from raysim.data.arrays import ArrayDataset
+from raysim.data.classnames import KNOWN_CLASSES
+from raysim.data.decode import decode_images
+from raysim.data.source import Source, one_line
+from raysim.errors import RaysimError
 
 IMAGE_COLUMNS = ("image", "img")
 LABEL_COLUMNS = ("label", "fine_label", "labels")
@@ -68,7 +68,9 @@ def _pick_columns(schema: pa.Schema, path: Path, name: str) -> tuple[str, str]:
             f"{name}: {path} has no image column (a struct with a 'bytes' field, e.g. 'image' or 'img'): "
             f"use the Hugging Face image layout"
         )
-    label_col = next((c for c in LABEL_COLUMNS if c in schema.names and pa.types.is_integer(schema.field(c).type)), None)
+    label_col = next(
+        (c for c in LABEL_COLUMNS if c in schema.names and pa.types.is_integer(schema.field(c).type)), None
+    )
     if label_col is None:
         raise RaysimError(
             f"{name}: {path} has no integer label column (one of {', '.join(LABEL_COLUMNS)}; "
@@ -128,9 +130,7 @@ def _read_split(name: str, files: list[Path], image_size: int | None, split: str
     return x, np.concatenate(labels), class_names
 
 
-def read_parquet_dataset(
-    name: str, train: list[Path], test: list[Path], image_size: int | None
-) -> ArrayDataset:
+def read_parquet_dataset(name: str, train: list[Path], test: list[Path], image_size: int | None) -> ArrayDataset:
     train_x, train_y, names_a = _read_split(name, train, image_size, "train")
     test_x, test_y, names_b = _read_split(name, test, image_size, "test")
     if train_x.shape[3] != test_x.shape[3]:  # e.g. grey train shard, colour test shard
@@ -150,4 +150,6 @@ def read_parquet_dataset(
             f"{name}: labels in {train[0].parent} range {low}..{top} but {name} has {len(classes)} classes "
             f"(0..{len(classes) - 1}): check dataset.name matches the data"
         )
-    return ArrayDataset(name=name, classes=list(classes), train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y)
+    return ArrayDataset(
+        name=name, classes=list(classes), train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y
+    )

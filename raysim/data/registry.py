@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from ..errors import RaysimError
-from .arrays import ArrayDataset
-from .cache import get_or_build, memo_get, memo_put
-from .embedded import embedded_source
-from .image_folder import find_domainnet, find_image_folder
-from .parquet import find_parquet
-from .source import Source
-from .torchvision_root import SPECS, find_torchvision
+from raysim.data.arrays import ArrayDataset
+from raysim.data.cache import get_or_build, memo_get, memo_put
+from raysim.data.embedded import embedded_source
+from raysim.data.image_folder import find_domainnet, find_image_folder
+from raysim.data.parquet import find_parquet
+from raysim.data.source import Source
+from raysim.data.torchvision_root import SPECS, find_torchvision
+from raysim.errors import RaysimError
 
 DATASET_NAMES = ("embedded", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet")
 
@@ -91,9 +91,13 @@ def _locate(name: str, root: str | Path | None, image_size: int | None) -> Sourc
         )
     path = Path(str(root)).expanduser()
     if not path.exists():
-        raise RaysimError(f"dataset root '{root}' does not exist: set dataset.root=... to the folder holding {_hint(name)}")
+        raise RaysimError(
+            f"dataset root '{root}' does not exist: set dataset.root=... to the folder holding {_hint(name)}"
+        )
     if not path.is_dir():
-        raise RaysimError(f"dataset root '{root}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}")
+        raise RaysimError(
+            f"dataset root '{root}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}"
+        )
     for layout in _LAYOUTS[name]:
         source = _FINDERS[layout](path, name, image_size)
         if source is not None:

@@ -7,21 +7,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import RaysimError
-from .arrays import ArrayDataset
-from .classnames import KNOWN_CLASSES
-from .decode import resize_array
-from .source import Source, one_line
+from raysim.data.arrays import ArrayDataset
+from raysim.data.classnames import KNOWN_CLASSES
+from raysim.data.decode import resize_array
+from raysim.data.source import Source, one_line
+from raysim.errors import RaysimError
 
 _IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
 
 
 @dataclass(frozen=True)
 class TorchvisionSpec:
-    cls: str                   # class in torchvision.datasets
-    folder: str                # folder under the torchvision root holding the files ("" = the root itself)
-    files: tuple[str, ...]     # files torchvision needs, relative to folder
-    hint: str                  # what to put where, for error messages
+    cls: str  # class in torchvision.datasets
+    folder: str  # folder under the torchvision root holding the files ("" = the root itself)
+    files: tuple[str, ...]  # files torchvision needs, relative to folder
+    hint: str  # what to put where, for error messages
 
 
 SPECS: dict[str, TorchvisionSpec] = {
@@ -30,7 +30,8 @@ SPECS: dict[str, TorchvisionSpec] = {
         "FashionMNIST", "FashionMNIST/raw", _IDX, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte"
     ),
     "cifar10": TorchvisionSpec(
-        "CIFAR10", "cifar-10-batches-py",
+        "CIFAR10",
+        "cifar-10-batches-py",
         tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta"),
         "cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}",
     ),
@@ -84,9 +85,9 @@ def _arrays(name: str, ds) -> tuple[np.ndarray, np.ndarray]:
     labels = ds.labels if name == "svhn" else ds.targets
     labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
     if name in ("mnist", "fashion_mnist"):
-        data = data[..., None]                      # (N, 28, 28) -> (N, 28, 28, 1)
+        data = data[..., None]  # (N, 28, 28) -> (N, 28, 28, 1)
     elif name == "svhn":
-        data = data.transpose(0, 2, 3, 1)           # (N, 3, 32, 32) -> (N, 32, 32, 3)
+        data = data.transpose(0, 2, 3, 1)  # (N, 3, 32, 32) -> (N, 32, 32, 3)
     return np.ascontiguousarray(data, dtype=np.uint8), labels.astype(np.int64)
 
 

@@ -1,20 +1,22 @@
 """A client actor hosts a fixed shard of virtual clients and keeps their data for the whole run."""
+
 from __future__ import annotations
 
 import os
 import time
 import uuid
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import ray
 import torch
 
-from raysim.registry import make_algorithm
 from raysim.algorithm import ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, pick_device
+from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import serialized_nbytes
 
@@ -31,9 +33,18 @@ def to_model_input(images: np.ndarray, mean: np.ndarray, std: np.ndarray, device
 class ClientRuntime:
     """The clients of one actor: their data, their persistent state, the algorithm's client step."""
 
-    def __init__(self, config: Config, spec: ModelSpec, train_x: np.ndarray, train_y: np.ndarray,
-                 client_indices: dict[int, np.ndarray], mean: np.ndarray, std: np.ndarray,
-                 state_dir: str | None, gpus: float = 0.0):
+    def __init__(
+        self,
+        config: Config,
+        spec: ModelSpec,
+        train_x: np.ndarray,
+        train_y: np.ndarray,
+        client_indices: dict[int, np.ndarray],
+        mean: np.ndarray,
+        std: np.ndarray,
+        state_dir: str | None,
+        gpus: float = 0.0,
+    ):
         self.config = config
         self.device = pick_device(gpus)
         self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources.deterministic)
@@ -43,8 +54,11 @@ class ClientRuntime:
         for client, idx in client_indices.items():
             y = np.asarray(train_y[idx], dtype=np.int64)
             counts = np.bincount(y, minlength=spec.num_classes).astype(np.int64)
-            self.data[client] = (to_model_input(train_x[idx], mean, std, self.device),
-                                 torch.from_numpy(y).to(self.device), counts)
+            self.data[client] = (
+                to_model_input(train_x[idx], mean, std, self.device),
+                torch.from_numpy(y).to(self.device),
+                counts,
+            )
         self.states = ClientStateStore(state_dir)
         # Tells this process from the one Ray starts after a crash: the server counts restarts by it.
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -53,12 +67,19 @@ class ClientRuntime:
         """Where these clients live, for the run directory's actors.yaml."""
         context = ray.get_runtime_context()
         where = " (in process)" if self.config.resources.in_process else ""
-        return {"node_id": context.get_node_id(), "pid": os.getpid(), "device": f"{self.device}{where}",
-                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "clients": sorted(self.data),
-                "models": {k: self.ctx.spec.client_architecture(k).describe() for k in sorted(self.data)},
-                "threads": torch.get_num_threads()}
+        return {
+            "node_id": context.get_node_id(),
+            "pid": os.getpid(),
+            "device": f"{self.device}{where}",
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "clients": sorted(self.data),
+            "models": {k: self.ctx.spec.client_architecture(k).describe() for k in sorted(self.data)},
+            "threads": torch.get_num_threads(),
+        }
 
-    def run_client(self, round_index: int, client: int, payload: dict[str, Any], *parts: dict[str, Any]) -> dict[str, Any]:
+    def run_client(
+        self, round_index: int, client: int, payload: dict[str, Any], *parts: dict[str, Any]
+    ) -> dict[str, Any]:
         """Client `client`'s step of round `round_index` on the shared payload merged with the parts
         addressed to it."""
         start = time.perf_counter()
@@ -69,19 +90,32 @@ class ClientRuntime:
         x, y, counts = self.data[client]
         arch = self.ctx.spec.client_architecture(client)
         self.ctx.arch = arch  # ctx.model() builds this client's own architecture
-        data = ClientData(id=client, round=round_index, x=x, y=y, label_counts=counts, arch=arch,
-                          state=self.states.load(client, round_index),
-                          generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client))
+        data = ClientData(
+            id=client,
+            round=round_index,
+            x=x,
+            y=y,
+            label_counts=counts,
+            arch=arch,
+            state=self.states.load(client, round_index),
+            generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client),
+        )
         message = self.algorithm.client_update(payload, data, self.ctx)
         self.states.save(client, round_index, data.state)
         bytes_up = self.algorithm.upload_bytes(message)
-        return {"client": client, "num_samples": data.num_samples, "message": message,
-                "metrics": dict(data.metrics),
-                "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
-                "seconds": time.perf_counter() - start, "incarnation": self.incarnation}
+        return {
+            "client": client,
+            "num_samples": data.num_samples,
+            "message": message,
+            "metrics": dict(data.metrics),
+            "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
+            "seconds": time.perf_counter() - start,
+            "incarnation": self.incarnation,
+        }
 
-    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any],
-                    parts: dict[int, list], chunk_bytes: int) -> Iterator[list[dict[str, Any]]]:
+    def run_clients(
+        self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict[int, list], chunk_bytes: int
+    ) -> Iterator[list[dict[str, Any]]]:
         """Several clients' steps in turn; their results are yielded in chunks of at least
         `chunk_bytes` of messages (the last may be smaller). `parts`: the object references of the
         parts addressed to each client."""
@@ -122,6 +156,7 @@ class ClientActor:
     def info(self) -> dict[str, Any]:
         return self.runtime.info()
 
-    def run_clients(self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict,
-                    chunk_bytes: int) -> Iterator[list[dict[str, Any]]]:
+    def run_clients(
+        self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict, chunk_bytes: int
+    ) -> Iterator[list[dict[str, Any]]]:
         yield from self.runtime.run_clients(round_index, clients, payload, parts, chunk_bytes)

@@ -8,6 +8,7 @@ may belong to a round that is being replayed after a crash. Files load with
 torch.load(weights_only=True) (raysim.outputs.state_files): a run directory from someone else
 cannot run code in the actors.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """One round's broadcast into the object store: each part once, each recipient's bytes counted."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,14 +22,18 @@ class Delivery:
         for group, part in broadcast.addressed:
             strangers = [k for k in group if k not in self.parts]
             if strangers:
-                raise RaysimError(f"round {round_index}: the broadcast addresses a part to client(s) {strangers[:5]}, "
-                                  "which do not take part in the round: address only the round's participants")
+                raise RaysimError(
+                    f"round {round_index}: the broadcast addresses a part to client(s) {strangers[:5]}, "
+                    "which do not take part in the round: address only the round's participants"
+                )
             ref, size = ray.put(part), serialized_nbytes(part)
             for k in dict.fromkeys(group):
                 clash = keys[k] & set(part)
                 if clash:
-                    raise RaysimError(f"round {round_index}: client {k} would receive key(s) {sorted(clash)} twice "
-                                      "(shared and addressed parts are merged): give the parts distinct keys")
+                    raise RaysimError(
+                        f"round {round_index}: client {k} would receive key(s) {sorted(clash)} twice "
+                        "(shared and addressed parts are merged): give the parts distinct keys"
+                    )
                 keys[k] |= set(part)
                 self.parts[k].append(ref)
                 self.bytes_down[k] += size

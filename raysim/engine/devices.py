@@ -1,4 +1,5 @@
 """Honest device choice: CUDA only when the actor was given a GPU and torch can see one."""
+
 from __future__ import annotations
 
 import logging

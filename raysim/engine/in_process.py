@@ -4,6 +4,7 @@ The runtimes are the ones the actors host; `InProcess` only answers like an acto
 (`handle.method.remote(*args)` returns an object reference), so the server's round - payload in
 the object store, replies fetched with ray.wait/ray.get - is the same code path as with actors.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -36,4 +37,5 @@ class InProcess:
                 return ray.put(out)
             finally:
                 torch.set_num_threads(caller_threads)
+
         return SimpleNamespace(remote=remote)

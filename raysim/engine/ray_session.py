@@ -1,11 +1,12 @@
 """Starting or attaching to Ray, and checking that the cluster can host the actors asked for."""
+
 from __future__ import annotations
 
 import logging
 import math
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import ray
 
@@ -29,9 +30,14 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         # A private Ray on this machine, stopped with the run: Ray's notice that it turned token
         # authentication on is nothing the user can act on, and it would sit beside our one-line errors.
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        ray.init(address="local", num_cpus=resources.num_cpus or os.cpu_count(),
-                 num_gpus=resources.num_gpus or 0, include_dashboard=False,
-                 object_store_memory=resources.object_store_mb * 2**20, logging_level=logging.WARNING)
+        ray.init(
+            address="local",
+            num_cpus=resources.num_cpus or os.cpu_count(),
+            num_gpus=resources.num_gpus or 0,
+            include_dashboard=False,
+            object_store_memory=resources.object_store_mb * 2**20,
+            logging_level=logging.WARNING,
+        )
     try:
         yield
     finally:
@@ -49,9 +55,11 @@ def plan_actors(resources: ResourcesConfig, num_clients: int) -> tuple[int, str 
         fits.append(math.floor(gpus / resources.gpus_per_actor + 1e-9))
     count = min(num_clients, *fits)
     if count < 1:
-        raise RaysimError(f"resources.actors=auto: the Ray cluster ({cpus:g} CPUs, {max(gpus, 0):g} free GPUs) "
-                          f"cannot hold one actor of {resources.cpus_per_actor:g} CPU and "
-                          f"{resources.gpus_per_actor:g} GPU: lower the per-actor share")
+        raise RaysimError(
+            f"resources.actors=auto: the Ray cluster ({cpus:g} CPUs, {max(gpus, 0):g} free GPUs) "
+            f"cannot hold one actor of {resources.cpus_per_actor:g} CPU and "
+            f"{resources.gpus_per_actor:g} GPU: lower the per-actor share"
+        )
     why = f"{cpus:g} CPUs / {resources.cpus_per_actor:g} per actor"
     if resources.gpus_per_actor:
         why += f", {gpus:g} GPUs / {resources.gpus_per_actor:g} per actor"
@@ -62,8 +70,10 @@ def check_resources(resources: ResourcesConfig, actors: int | None = None) -> No
     """Fail with one line, instead of hanging, when the actors cannot all be placed."""
     total = ray.cluster_resources()
     actors = resources.actors if actors is None else actors
-    wanted = {"CPU": actors * resources.cpus_per_actor,
-              "GPU": actors * resources.gpus_per_actor + resources.server_gpus}
+    wanted = {
+        "CPU": actors * resources.cpus_per_actor,
+        "GPU": actors * resources.gpus_per_actor + resources.server_gpus,
+    }
     short = []
     for kind, need in wanted.items():
         have = total.get(kind, 0.0)

@@ -8,6 +8,7 @@ One round (paper-agnostic):
   evaluate the global weights on the test split; hand the round's results to the output callbacks
   (metrics.parquet, TensorBoard, checkpoint, summary.json: raysim.outputs.callbacks).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,15 @@ from raysim.engine.client_actor import to_model_input
 from raysim.engine.delivery import Delivery
 from raysim.engine.devices import configure_torch, pick_device
 from raysim.errors import RaysimError
-from raysim.outputs.callbacks import (Callback, CheckpointFile, MetricsFile, RoundResult, RunStart,
-                                      SummaryFile, TensorBoardFile)
+from raysim.outputs.callbacks import (
+    Callback,
+    CheckpointFile,
+    MetricsFile,
+    RoundResult,
+    RunStart,
+    SummaryFile,
+    TensorBoardFile,
+)
 from raysim.outputs.state_files import read_checkpoint
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
@@ -45,19 +53,30 @@ def rounds_to_accuracy(accuracy: list[tuple[int, float]], targets: list[float]) 
 
 
 class ServerRuntime:
-    def __init__(self, config: Config, spec: ModelSpec, test_x: np.ndarray, test_y: np.ndarray,
-                 mean: np.ndarray, std: np.ndarray, run_dir: str, actors: list, client_actor: dict[int, int],
-                 partition_counts: np.ndarray | None = None, class_names: list[str] | None = None,
-                 test_domain: np.ndarray | None = None, domains: list[str] | None = None,
-                 data_digest: str | None = None):
+    def __init__(
+        self,
+        config: Config,
+        spec: ModelSpec,
+        test_x: np.ndarray,
+        test_y: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        run_dir: str,
+        actors: list,
+        client_actor: dict[int, int],
+        partition_counts: np.ndarray | None = None,
+        class_names: list[str] | None = None,
+        test_domain: np.ndarray | None = None,
+        domains: list[str] | None = None,
+        data_digest: str | None = None,
+    ):
         self.config = config
         self.run_dir = Path(run_dir)
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         self.threads = configure_torch(threads, self.device, config.resources.deterministic)
-        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog(),
-                           data_digest=data_digest)
+        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog(), data_digest=data_digest)
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
@@ -67,8 +86,9 @@ class ServerRuntime:
         self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
         # Domain-skew data (DomainNet): the papers report the mean of the per-domain test accuracies.
         self.domains = list(domains) if domains is not None and test_domain is not None else []
-        self.test_domain = (torch.from_numpy(np.asarray(test_domain, dtype=np.int64)).to(self.device)
-                            if self.domains else None)
+        self.test_domain = (
+            torch.from_numpy(np.asarray(test_domain, dtype=np.int64)).to(self.device) if self.domains else None
+        )
 
         checkpoint = read_checkpoint(self.run_dir)
         if checkpoint is not None:
@@ -89,13 +109,28 @@ class ServerRuntime:
         self.metrics = metrics.table  # the run's history, read by summary()
         callbacks: list[Callback] = [metrics]
         if config.output.tensorboard:
+
             def partition_figure():
                 from raysim.plots import partition_figure
+
                 return partition_figure(partition_counts, class_names)
-            callbacks.append(TensorBoardFile(self.run_dir / "tensorboard", self.completed,
-                                             partition_figure if partition_counts is not None else None))
-        callbacks.append(CheckpointFile(self.run_dir, config.output.checkpoint_every, config.rounds,
-                                        self.checkpoint_data, lambda: self.algorithm.global_weights(self.state)))
+
+            callbacks.append(
+                TensorBoardFile(
+                    self.run_dir / "tensorboard",
+                    self.completed,
+                    partition_figure if partition_counts is not None else None,
+                )
+            )
+        callbacks.append(
+            CheckpointFile(
+                self.run_dir,
+                config.output.checkpoint_every,
+                config.rounds,
+                self.checkpoint_data,
+                lambda: self.algorithm.global_weights(self.state),
+            )
+        )
         callbacks.append(SummaryFile(self.run_dir / "summary.json", self.summary))
         return callbacks
 
@@ -107,8 +142,10 @@ class ServerRuntime:
         bad = [k for k in chosen if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < num]
         if bad or len(set(chosen)) != len(chosen):
             why = f"client ids outside 0..{num - 1}: {bad[:5]}" if bad else "a client twice"
-            raise RaysimError(f"round {round_index}: {type(self.algorithm).__name__}.select_clients returned {why}: "
-                              "return distinct ids of existing clients ([] for a server-only round)")
+            raise RaysimError(
+                f"round {round_index}: {type(self.algorithm).__name__}.select_clients returned {why}: "
+                "return distinct ids of existing clients ([] for a server-only round)"
+            )
         return sorted(int(k) for k in chosen)
 
     def run_round(self, round_index: int) -> RoundResult:
@@ -141,15 +178,26 @@ class ServerRuntime:
 
         log = self.ctx.log.drain()
         values.update(log.scalars)
-        values.update({"bytes_up": sum(results[k]["bytes_up"] for k in sampled),
-                       "bytes_down": sum(bytes_down.values()), "participants": len(sampled),
-                       "actor_restarts": restarts,
-                       "time_broadcast_s": t1 - t0, "time_clients_s": t2 - t1, "time_fetch_s": fetch,
-                       "time_server_update_s": t3 - t2, "time_eval_s": t4 - t3})
+        values.update(
+            {
+                "bytes_up": sum(results[k]["bytes_up"] for k in sampled),
+                "bytes_down": sum(bytes_down.values()),
+                "participants": len(sampled),
+                "actor_restarts": restarts,
+                "time_broadcast_s": t1 - t0,
+                "time_clients_s": t2 - t1,
+                "time_fetch_s": fetch,
+                "time_server_update_s": t3 - t2,
+                "time_eval_s": t4 - t3,
+            }
+        )
         client_values: list[tuple[int, str, float]] = []
         for k in sampled:
-            client_values += [(k, "bytes_up", results[k]["bytes_up"]), (k, "bytes_down", bytes_down[k]),
-                              (k, "time_s", results[k]["seconds"])]
+            client_values += [
+                (k, "bytes_up", results[k]["bytes_up"]),
+                (k, "bytes_down", bytes_down[k]),
+                (k, "time_s", results[k]["seconds"]),
+            ]
             client_values += [(k, name, value) for name, value in results[k]["metrics"].items()]
         client_values += log.client_values
         self.completed = round_index
@@ -159,8 +207,9 @@ class ServerRuntime:
             callback.on_round_end(result)
         return result.without_pictures()
 
-    def _run_clients(self, round_index: int, sampled: list[int], delivery: Delivery,
-                     results: dict[int, dict[str, Any]]) -> tuple[float, int]:
+    def _run_clients(
+        self, round_index: int, sampled: list[int], delivery: Delivery, results: dict[int, dict[str, Any]]
+    ) -> tuple[float, int]:
         """One task per actor runs its participants in turn and streams their results back in chunks
         (RESULT_CHUNK_BYTES); returns the time spent fetching them and how many client actors were
         found restarted (a result from another process than the actor's previous one). A task per
@@ -171,8 +220,10 @@ class ServerRuntime:
         by_actor: dict[int, list[int]] = {}
         for k in sampled:
             by_actor.setdefault(self.client_actor[k], []).append(k)
-        calls = [(self.actors[a], clients, {k: delivery.parts[k] for k in clients if delivery.parts[k]})
-                 for a, clients in by_actor.items()]
+        calls = [
+            (self.actors[a], clients, {k: delivery.parts[k] for k in clients if delivery.parts[k]})
+            for a, clients in by_actor.items()
+        ]
         fetch, restarts = 0.0, 0
 
         def take(chunk_ref) -> None:
@@ -187,13 +238,17 @@ class ServerRuntime:
 
         if self.config.resources.in_process:  # the clients ran when called: their chunks are ready
             for actor, clients, parts in calls:
-                for chunk_ref in actor.run_clients.remote(round_index, clients, delivery.shared, parts,
-                                                          RESULT_CHUNK_BYTES):
+                for chunk_ref in actor.run_clients.remote(
+                    round_index, clients, delivery.shared, parts, RESULT_CHUNK_BYTES
+                ):
                     take(chunk_ref)
             return fetch, restarts
-        live = [actor.run_clients.options(num_returns="streaming").remote(
-                    round_index, clients, delivery.shared, parts, RESULT_CHUNK_BYTES)
-                for actor, clients, parts in calls]
+        live = [
+            actor.run_clients.options(num_returns="streaming").remote(
+                round_index, clients, delivery.shared, parts, RESULT_CHUNK_BYTES
+            )
+            for actor, clients, parts in calls
+        ]
         while live:  # consume chunks as they finish, whichever actor they come from
             ready, _ = ray.wait(live, num_returns=1)
             for stream in ready:
@@ -210,18 +265,26 @@ class ServerRuntime:
         if not self.domains:
             accuracy, loss = evaluate(model, self.test_x, self.test_y, batch)
             return {"accuracy": accuracy, "loss": loss}
-        accuracy, loss, per_domain = evaluate_by_group(model, self.test_x, self.test_y, self.test_domain,
-                                                       len(self.domains), batch)
-        return {"accuracy": accuracy, "loss": loss,
-                **{f"domain_accuracy/{name}": a for name, a in zip(self.domains, per_domain)},
-                "domain_accuracy_mean": float(np.nanmean(per_domain))}
+        accuracy, loss, per_domain = evaluate_by_group(
+            model, self.test_x, self.test_y, self.test_domain, len(self.domains), batch
+        )
+        return {
+            "accuracy": accuracy,
+            "loss": loss,
+            **{f"domain_accuracy/{name}": a for name, a in zip(self.domains, per_domain)},
+            "domain_accuracy_mean": float(np.nanmean(per_domain)),
+        }
 
     def wall_time(self) -> float:
         return self.previous_wall + time.perf_counter() - self.started
 
     def checkpoint_data(self) -> dict[str, Any]:
-        return {"round": self.completed, "state": self.state, "wall_time_s": self.wall_time(),
-                "log_summary": dict(self.ctx.log.summary)}
+        return {
+            "round": self.completed,
+            "state": self.state,
+            "wall_time_s": self.wall_time(),
+            "log_summary": dict(self.ctx.log.summary),
+        }
 
     # ------------------------------------------------------------------ end
     def summary(self, finished: bool) -> dict[str, Any]:
@@ -229,16 +292,23 @@ class ServerRuntime:
         loss = self.metrics.server_values("loss")
         best_round, best = max(accuracy, key=lambda rv: (rv[1], -rv[0])) if accuracy else (None, None)
         return {
-            "algorithm": self.config.algorithm["name"], "dataset": self.config.dataset.name,
-            "seed": self.config.seed, "rounds": self.completed, "rounds_planned": self.config.rounds,
+            "algorithm": self.config.algorithm["name"],
+            "dataset": self.config.dataset.name,
+            "seed": self.config.seed,
+            "rounds": self.completed,
+            "rounds_planned": self.config.rounds,
             "finished": finished,
             "final_accuracy": accuracy[-1][1] if accuracy else None,
             "final_loss": loss[-1][1] if loss else None,
-            "best_accuracy": best, "best_round": best_round,
+            "best_accuracy": best,
+            "best_round": best_round,
             # DynaFed's reported metric: the mean test accuracy of the last LAST_EVALUATIONS evaluations
             "last5_accuracy": float(np.mean([v for _, v in accuracy[-LAST_EVALUATIONS:]])) if accuracy else None,
-            **({"rounds_to_accuracy": rounds_to_accuracy(accuracy, self.config.eval.targets)}
-               if self.config.eval.targets else {}),
+            **(
+                {"rounds_to_accuracy": rounds_to_accuracy(accuracy, self.config.eval.targets)}
+                if self.config.eval.targets
+                else {}
+            ),
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
@@ -266,8 +336,11 @@ class ServerRuntime:
         def last(metric: str) -> float | None:
             values = self.metrics.server_values(metric)
             return values[-1][1] if values else None
-        return {"final_domain_accuracy_mean": last("domain_accuracy_mean"),
-                "final_domain_accuracy": {name: last(f"domain_accuracy/{name}") for name in self.domains}}
+
+        return {
+            "final_domain_accuracy_mean": last("domain_accuracy_mean"),
+            "final_domain_accuracy": {name: last(f"domain_accuracy/{name}") for name in self.domains},
+        }
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary(finished=self.completed >= self.config.rounds)

@@ -6,32 +6,33 @@ TensorBoard events, checkpoints, summary.json) are callbacks the server runs whe
 the progress bar, Tune reporting and benchmarks are callbacks the driver runs on the same
 results (without the pictures, which stay on the server).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 
-
 @dataclass
 class RunStart:
-    completed_rounds: int   # > 0 when a run resumes
-    rounds: int             # planned
+    completed_rounds: int  # > 0 when a run resumes
+    rounds: int  # planned
     actors: list = field(default_factory=list)  # client actor handles (driver side only)
 
 
 @dataclass
 class RoundResult:
     round: int
-    values: dict[str, float]                         # server metrics: accuracy, loss, bytes, times, ...
-    client_values: list[tuple[int, str, float]]      # (client, metric, value)
+    values: dict[str, float]  # server metrics: accuracy, loss, bytes, times, ...
+    client_values: list[tuple[int, str, float]]  # (client, metric, value)
     images: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
 
-    def without_pictures(self) -> "RoundResult":
+    def without_pictures(self) -> RoundResult:
         return replace(self, images={}, figures={})
 
 
@@ -97,8 +98,14 @@ class CheckpointFile(Callback):
     """checkpoints/last.pt (and the one before it, previous.pt) every `every` rounds and after the last;
     final_model.pt at the end. All load with torch.load(weights_only=True) (raysim.outputs.state_files)."""
 
-    def __init__(self, run_dir: Path, every: int, rounds: int, checkpoint: Callable[[], dict[str, Any]],
-                 final_weights: Callable[[], Any]):
+    def __init__(
+        self,
+        run_dir: Path,
+        every: int,
+        rounds: int,
+        checkpoint: Callable[[], dict[str, Any]],
+        final_weights: Callable[[], Any],
+    ):
         self.run_dir, self.every, self.rounds = run_dir, every, rounds
         self.checkpoint, self.final_weights = checkpoint, final_weights
 
@@ -129,4 +136,3 @@ class SummaryFile(Callback):
         from raysim.outputs.files import write_json
 
         write_json(self.path, summary)
-

@@ -1,10 +1,12 @@
 """Atomic writes: a run killed at any moment never leaves a half-written file behind."""
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> None:

@@ -4,6 +4,7 @@
 and `loss`. The table is rewritten (atomically) after every round, so a run
 that dies keeps every finished round.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,7 @@ import pyarrow.parquet as pq
 
 from raysim.outputs.files import atomic_write
 
-SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa.string()),
-                    ("value", pa.float64())])
+SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa.string()), ("value", pa.float64())])
 
 Row = tuple[int, int | None, str, float]
 
@@ -25,8 +25,9 @@ class MetricsTable:
         self.rows: list[Row] = []
         if resume_through_round is not None and path.exists():
             table = pq.read_table(path).to_pylist()
-            self.rows = [(r["round"], r["client"], r["metric"], r["value"]) for r in table
-                         if r["round"] <= resume_through_round]
+            self.rows = [
+                (r["round"], r["client"], r["metric"], r["value"]) for r in table if r["round"] <= resume_through_round
+            ]
 
     def add(self, round_index: int, client: int | None, metric: str, value: float) -> None:
         self.rows.append((round_index, client, metric, float(value)))

@@ -5,13 +5,14 @@ with the same `--out`, or a `--resume` of a run that is still running, is refuse
 overwriting the first. The kernel drops the lock when its process dies, so a SIGKILLed run can be
 resumed at once. (Local file systems; on NFS, flock is only as good as the server's lock support.)
 """
+
 from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from raysim.errors import RaysimError
 
@@ -31,8 +32,10 @@ def lock_run_dir(run_dir: Path) -> bool:
     except BlockingIOError:
         owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise RaysimError(f"'{run_dir}' is in use by another raysim process (pid {owner}): wait for it to "
-                          "finish (then --resume it to add rounds), or choose another --out") from None
+        raise RaysimError(
+            f"'{run_dir}' is in use by another raysim process (pid {owner}): wait for it to "
+            "finish (then --resume it to add rounds), or choose another --out"
+        ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
     _held[key] = fd

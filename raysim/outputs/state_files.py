@@ -7,6 +7,7 @@ dict/list/tuple of them - and numpy arrays are stored as their raw bytes in a ui
 their dtype and shape (exact for every dtype, no pickled numpy objects). Reading refuses anything
 else in one line, without running it.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -28,8 +29,9 @@ def encode(obj: Any, where: str = "state") -> Any:
         return obj
     if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject:
-            raise TypeError(f"{where} is a numpy array of Python objects, which a checkpoint cannot hold safely: "
-                            "store numbers")
+            raise TypeError(
+                f"{where} is a numpy array of Python objects, which a checkpoint cannot hold safely: store numbers"
+            )
         flat = np.ascontiguousarray(obj).reshape(-1)  # (ascontiguousarray makes a 0-d array 1-d: keep obj's shape)
         return {_ARRAY: torch.from_numpy(flat.view(np.uint8).copy()), "dtype": obj.dtype.str, "shape": list(obj.shape)}
     if isinstance(obj, np.generic):  # a numpy scalar comes back as one, of its dtype
@@ -42,8 +44,10 @@ def encode(obj: Any, where: str = "state") -> Any:
     if isinstance(obj, (list, tuple)):
         items = [encode(value, f"{where}[{i}]") for i, value in enumerate(obj)]
         return items if isinstance(obj, list) else tuple(items)
-    raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__name__}, which a checkpoint cannot hold "
-                    "safely: keep tensors, numpy arrays, numbers, strings and dict/list/tuple of them in states")
+    raise TypeError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__name__}, which a checkpoint cannot hold "
+        "safely: keep tensors, numpy arrays, numbers, strings and dict/list/tuple of them in states"
+    )
 
 
 def decode(obj: Any) -> Any:
@@ -80,7 +84,8 @@ def load_state(path: Path, way_out: str) -> Any:
         # torch's restricted unpickler stopped at something it does not allow: nothing was executed.
         raise UnreadableStateError(
             f"{path} holds objects other than tensors and plain containers, so raysim refuses to load it "
-            f"(a pickle could run code; this version of raysim never writes one): {way_out}") from None
+            f"(a pickle could run code; this version of raysim never writes one): {way_out}"
+        ) from None
     except OSError as exc:
         if exc.errno is not None:
             raise  # a disk or permission problem, not a damaged file
@@ -120,8 +125,10 @@ def read_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     if not last.exists():
         return load_state(previous, "start a fresh run") if previous.exists() else None
     if previous.exists():
-        way_out = (f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
-                   "(the rounds after it are re-run, with the same numbers), or start a fresh run")
+        way_out = (
+            f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
+            "(the rounds after it are re-run, with the same numbers), or start a fresh run"
+        )
     else:
         way_out = "start a fresh run (there is no earlier checkpoint to go back to)"
     return load_state(last, way_out)

@@ -1,4 +1,5 @@
 """TensorBoard events: scalars per round, images (partition picture, condensed sets)."""
+
 from __future__ import annotations
 
 from pathlib import Path

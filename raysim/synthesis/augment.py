@@ -2,6 +2,7 @@
 drawn per image: what DENSE, Co-Boosting and FedHydra apply to synthetic images (kornia's
 RandomCrop(padding=4) + RandomHorizontalFlip in their code). Done as one integer-shift affine
 resampling, so gradients reach the generator."""
+
 from __future__ import annotations
 
 import torch

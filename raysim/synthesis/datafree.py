@@ -8,10 +8,11 @@
 2. `distill_epoch`: one pass of the student over the whole image pool (random crop + flip per
    image), on the method's distillation loss against the ensemble's logits.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -32,16 +33,28 @@ DistillLoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass
 class SynthesisResult:
-    pixels: np.ndarray   # (B, C, H, W) uint8
+    pixels: np.ndarray  # (B, C, H, W) uint8
     targets: np.ndarray  # (B,) int64
-    loss: float          # the kept batch's objective
+    loss: float  # the kept batch's objective
     bn_loss: float
 
 
-def synthesize(generator: Generator, teachers: list[nn.Module], ensemble: Ensemble, student: nn.Module,
-               objective: GeneratorObjective, to_input: Callable[[torch.Tensor], torch.Tensor], *,
-               num_classes: int, steps: int, batch: int, lr: float, bn_weight: float, seed: int,
-               augment: bool = True) -> SynthesisResult:
+def synthesize(
+    generator: Generator,
+    teachers: list[nn.Module],
+    ensemble: Ensemble,
+    student: nn.Module,
+    objective: GeneratorObjective,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    num_classes: int,
+    steps: int,
+    batch: int,
+    lr: float,
+    bn_weight: float,
+    seed: int,
+    augment: bool = True,
+) -> SynthesisResult:
     device = next(generator.parameters()).device
     reset_generator(generator, seed)
     generator.train()
@@ -67,8 +80,9 @@ def synthesize(generator: Generator, teachers: list[nn.Module], ensemble: Ensemb
     return SynthesisResult(quantised, targets.cpu().numpy(), best[0], best[2])
 
 
-def add_to_pool(pool_x: np.ndarray | None, pool_y: np.ndarray | None, result: SynthesisResult,
-                cap: int) -> tuple[np.ndarray, np.ndarray]:
+def add_to_pool(
+    pool_x: np.ndarray | None, pool_y: np.ndarray | None, result: SynthesisResult, cap: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The pool with `result` appended; with cap > 0 only the newest `cap` images stay."""
     x = result.pixels if pool_x is None else np.concatenate([pool_x, result.pixels])
     y = result.targets if pool_y is None else np.concatenate([pool_y, result.targets])
@@ -77,10 +91,20 @@ def add_to_pool(pool_x: np.ndarray | None, pool_y: np.ndarray | None, result: Sy
     return x, y
 
 
-def distill_epoch(student: nn.Module, optimizer: torch.optim.Optimizer, pool_x: np.ndarray, pool_y: np.ndarray,
-                  ensemble: Ensemble, loss: DistillLoss, to_input: Callable[[torch.Tensor], torch.Tensor], *,
-                  batch: int, generator: torch.Generator, augment: bool = True,
-                  perturb: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TrainStats:
+def distill_epoch(
+    student: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pool_x: np.ndarray,
+    pool_y: np.ndarray,
+    ensemble: Ensemble,
+    loss: DistillLoss,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    batch: int,
+    generator: torch.Generator,
+    augment: bool = True,
+    perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> TrainStats:
     """One pass over the pool; `perturb` edits each model-input batch first (Co-Boosting's ODS)."""
     device = next(student.parameters()).device
     x = torch.from_numpy(pool_x).to(device).float() / 255.0
@@ -96,5 +120,15 @@ def distill_epoch(student: nn.Module, optimizer: torch.optim.Optimizer, pool_x: 
             teacher_logits = ensemble(xb, yb)
         return loss(model(xb), teacher_logits, yb)
 
-    return train(student, x, y, epochs=1, batch_size=batch, optimizer=optimizer, generator=generator,
-                 loss_fn=loss_fn, augment=prepare, split=even_batches)  # no batch of 1 for BN
+    return train(
+        student,
+        x,
+        y,
+        epochs=1,
+        batch_size=batch,
+        optimizer=optimizer,
+        generator=generator,
+        loss_fn=loss_fn,
+        augment=prepare,
+        split=even_batches,
+    )  # no batch of 1 for BN

@@ -14,6 +14,7 @@ Logits arrive stacked as (K clients, B samples, C classes).
   target, P^(c) = eq. 11 with y = c, and the prediction is the class whose own teacher is most
   confident in it, argmax_c log_softmax(P^(c))_c.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,18 +41,19 @@ def normalise_over_classes(u: np.ndarray) -> np.ndarray:
     return u / np.maximum(u.sum(1, keepdims=True), _EPS)
 
 
-def stratified_logits(logits: torch.Tensor, targets: torch.Tensor, over_clients: torch.Tensor,
-                      over_classes: torch.Tensor) -> torch.Tensor:
+def stratified_logits(
+    logits: torch.Tensor, targets: torch.Tensor, over_clients: torch.Tensor, over_classes: torch.Tensor
+) -> torch.Tensor:
     """Eq. 8-11: (K, B, C) logits, (B,) target labels, U_r and U_c as (K, C) tensors -> (B, C)."""
-    scaled = logits * over_classes[:, None, :]           # eq. 8: P_hat_k = P_k (.) U_c(:, k)
-    v = over_clients[:, targets]                          # eq. 10: V, here (K, B)
-    return (v[:, :, None] * scaled).sum(0)                # eq. 11
+    scaled = logits * over_classes[:, None, :]  # eq. 8: P_hat_k = P_k (.) U_c(:, k)
+    v = over_clients[:, targets]  # eq. 10: V, here (K, B)
+    return (v[:, :, None] * scaled).sum(0)  # eq. 11
 
 
 def stratified_predict(logits: torch.Tensor, over_clients: torch.Tensor, over_classes: torch.Tensor) -> torch.Tensor:
     """Label-free SA scores for evaluation: (K, B, C) -> (B, C), column c = log_softmax(P^(c))_c."""
-    scaled = logits * over_classes[:, None, :]                             # eq. 8
-    per_target = torch.einsum("kc,kbj->cbj", over_clients, scaled)       # eq. 11 for every y = c
-    log_probs = torch.log_softmax(per_target, dim=2)                       # (C targets, B, C)
+    scaled = logits * over_classes[:, None, :]  # eq. 8
+    per_target = torch.einsum("kc,kbj->cbj", over_clients, scaled)  # eq. 11 for every y = c
+    log_probs = torch.log_softmax(per_target, dim=2)  # (C targets, B, C)
     classes = torch.arange(logits.shape[2], device=logits.device)
     return log_probs[classes, :, classes].T

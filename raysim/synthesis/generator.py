@@ -4,6 +4,7 @@ z (nz) -> linear -> BN -> upsample x2 -> conv3x3 (2 ngf) -> BN -> LeakyReLU(0.2)
 -> conv3x3 (ngf) -> BN -> LeakyReLU(0.2) -> conv3x3 (channels) -> sigmoid: images in [0, 1] of the
 dataset's size and channels (the size must be divisible by 4: 28 and 32 are).
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,7 +17,7 @@ class Generator(nn.Module):
         if image_size % 4:
             raise ValueError(f"the generator needs an image size divisible by 4, got {image_size}")
         self.nz, self.init_size = nz, image_size // 4
-        self.project = nn.Linear(nz, 2 * ngf * self.init_size ** 2)
+        self.project = nn.Linear(nz, 2 * ngf * self.init_size**2)
         self.body = nn.Sequential(
             nn.BatchNorm2d(2 * ngf),
             nn.Upsample(scale_factor=2),

@@ -12,9 +12,10 @@
   (detached) probability of the target.
 - ODS (output-diversified sampling, Co-Boosting's distillation): x + eta sign(grad_x r . softmax(t(x)/T)).
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,7 @@ class BNStatistics:
             mean = x.mean(dim=(0, 2, 3))
             var = x.permute(1, 0, 2, 3).reshape(x.shape[1], -1).var(dim=1, unbiased=False)
             terms.append(torch.norm(module.running_mean - mean, 2) + torch.norm(module.running_var - var, 2))
+
         return hook
 
     def loss(self) -> torch.Tensor:
@@ -54,7 +56,7 @@ class BNStatistics:
             terms.clear()
         return total
 
-    def __enter__(self) -> "BNStatistics":
+    def __enter__(self) -> BNStatistics:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -64,22 +66,24 @@ class BNStatistics:
 
 def kl_per_sample(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """KL(softmax(t/T) || softmax(s/T)) of each sample (no T^2 factor)."""
-    return F.kl_div(F.log_softmax(student_logits / temperature, 1), F.softmax(teacher_logits / temperature, 1),
-                    reduction="none").sum(1)
+    return F.kl_div(
+        F.log_softmax(student_logits / temperature, 1), F.softmax(teacher_logits / temperature, 1), reduction="none"
+    ).sum(1)
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return kl_per_sample(student_logits, teacher_logits, temperature).mean() * temperature ** 2
+    return kl_per_sample(student_logits, teacher_logits, temperature).mean() * temperature**2
 
 
-def adversarial_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, masked: bool = True,
-                     temperature: float = 1.0) -> torch.Tensor:
+def adversarial_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, masked: bool = True, temperature: float = 1.0
+) -> torch.Tensor:
     """Minus the student-teacher divergence: the generator seeks samples the student has not learnt.
     `masked` (DENSE, FedHydra): only samples whose predicted classes differ count."""
     kl = kl_per_sample(student_logits, teacher_logits, temperature)
     if masked:
         kl = kl * (student_logits.argmax(1) != teacher_logits.argmax(1)).float()
-    return -kl.mean() * (1.0 if masked else temperature ** 2)
+    return -kl.mean() * (1.0 if masked else temperature**2)
 
 
 def hard_sample_cross_entropy(teacher_logits: torch.Tensor, targets: torch.Tensor, power: float) -> torch.Tensor:
@@ -87,13 +91,18 @@ def hard_sample_cross_entropy(teacher_logits: torch.Tensor, targets: torch.Tenso
     return ((1.0 - p_target) ** power * F.cross_entropy(teacher_logits, targets, reduction="none")).mean()
 
 
-def ods_perturb(x: torch.Tensor, teacher: Callable[[torch.Tensor], torch.Tensor], epsilon: float | torch.Tensor,
-                generator: torch.Generator, temperature: float = 4.0) -> torch.Tensor:
+def ods_perturb(
+    x: torch.Tensor,
+    teacher: Callable[[torch.Tensor], torch.Tensor],
+    epsilon: float | torch.Tensor,
+    generator: torch.Generator,
+    temperature: float = 4.0,
+) -> torch.Tensor:
     """One ODS step on the (model-input) batch x: a random direction r ~ U(-1, 1) in the output
     simplex, pulled back to the input by the gradient's sign (`epsilon` may be per channel)."""
     x = x.detach().requires_grad_(True)
     with torch.enable_grad():
         probs = F.softmax(teacher(x) / temperature, 1)
         r = (torch.rand(probs.shape, generator=generator) * 2 - 1).to(probs.device)
-        grad, = torch.autograd.grad((probs * r).sum(), x)
+        (grad,) = torch.autograd.grad((probs * r).sum(), x)
     return (x + epsilon * grad.sign()).detach()

@@ -6,9 +6,10 @@ authors' code) is trained for `steps` Adam steps to make client k alone classify
 u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
 towards 0, so u is large; one that never saw j stays high and flat.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,9 +26,18 @@ def loss_variation(losses: list[float]) -> float:
     return (max(losses) - low) / low
 
 
-def stratification_scores(teachers: list[nn.Module], num_classes: int, generator: Generator,
-                          to_input: Callable[[torch.Tensor], torch.Tensor], *, steps: int, batch: int,
-                          lr: float, seed_of: Callable[[int, int], int], augment: bool = True) -> np.ndarray:
+def stratification_scores(
+    teachers: list[nn.Module],
+    num_classes: int,
+    generator: Generator,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed_of: Callable[[int, int], int],
+    augment: bool = True,
+) -> np.ndarray:
     """u (K x C): one fresh generator per (client, class); `seed_of(k, j)` seeds its initialisation,
     noise and augmentation."""
     device = next(generator.parameters()).device
