@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     except RaysimError as exc:
         print(f"raysim: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # `raysim configs | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
 
 
 def user_message(exc: BaseException) -> str:

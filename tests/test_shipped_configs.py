@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import fnmatch
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -85,6 +88,24 @@ def test_raysim_configs_lists_names_and_first_comment_lines(capsys):
     assert len(out) == len(listed) == len(list(SHIPPED.rglob("*.yaml")))
     first = (SHIPPED / "quickstart.yaml").read_text().splitlines()[0].lstrip("#").strip()
     assert listed["quickstart"] == first and first in rows["quickstart"]
+
+
+def test_raysim_configs_piped_into_head_ends_quietly():
+    """`raysim configs | head -1`: the reader leaves early. Here it has left before the first write."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to the pipe now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "raysim.cli", "configs"],
+            stdout=write_end,
+            cwd=REPO,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 0 and done.stderr == "", done.stderr  # no BrokenPipeError traceback
 
 
 def _glob_match(path: str, pattern: str) -> bool:
