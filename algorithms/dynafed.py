@@ -26,7 +26,10 @@ Diagnostics (Figure 6 left) are computed once, at round L, and written to summar
 normalised distance reached after s' steps on D_syn, on a random real subset of the same size and on
 noise of the same size, each at its best of a few step sizes (the server holds no training data, so
 the real subset comes from the test split; real and noise images carry hard labels, ipc per class
-for the noise), and the test accuracy of a model trained from scratch on D_syn alone.
+for the noise), and the test accuracy of the initial model trained on D_syn alone, as the authors'
+evaluate_synset does it (`syn_only_optimizer: sgd`: SGD at D_syn's learned step size, momentum 0.9,
+weight decay 5e-4, a tenth of the step after half of 500 epochs, the mean of 3 trainings; `adam`:
+Adam at 1e-3, raysim's earlier protocol).
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ from raysim.condense.trajectory import classifier_names, distance_after_training
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
-from raysim.training import evaluate, train_soft_labels
+from raysim.training import evaluate, even_batches, soft_label_loss, train, train_soft_labels
 
 PREVIEW_PER_CLASS = 10
 DIAGNOSTIC_STEP_FRACTIONS = (1.0, 0.5, 0.25, 0.125)  # of D_syn's learned step size
+SYN_ONLY_OPTIMIZERS = ("sgd", "adam")
+SYN_ONLY_ADAM_LR = 1e-3
 HARD_LABEL_LOGIT = 10.0  # softmax of 10 x one-hot puts 0.9995 on the class: a hard label as soft-label logits
 
 
@@ -55,6 +60,11 @@ def augmentation(enabled: bool) -> DSA | None:
     """DSA with parameters drawn per image, as the authors' DiffAugment without a seed: one family per
     batch, a different transform for each image (a batch of D_syn is then not one picture moved alike)."""
     return DSA(per_image=True) if enabled else None
+
+
+def sgd(model: torch.nn.Module, lr: float) -> torch.optim.SGD:
+    """The authors' optimiser for training on D_syn alone (evaluate_synset)."""
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
 
 
 def class_logits(num_classes: int, ipc: int, scale: float, device) -> torch.Tensor:
@@ -94,7 +104,12 @@ class DynaFed(FedAvg):
         finetune_keeps_bn_statistics: bool = True
         diagnostics: bool = True  # Figure 6 distances and the D_syn-only accuracy, once at round L
         diagnostic_segments: int = 10
-        syn_only_epochs: int = 300
+        # How syn_only_accuracy trains a fresh model on D_syn alone. "sgd": the authors' evaluate_synset,
+        # SGD at D_syn's learned step size (momentum 0.9, weight decay 5e-4) and a tenth of it after
+        # half the epochs; "adam": Adam at lr 1e-3 throughout.
+        syn_only_optimizer: str = "sgd"
+        syn_only_epochs: int = 500
+        syn_only_repeats: int = 3  # trainings from the same initial model, averaged (authors' code: 3)
 
         def validate(self):
             for name in (
@@ -106,9 +121,16 @@ class DynaFed(FedAvg):
                 "iterations",
                 "finetune_batch",
                 "diagnostic_segments",
+                "syn_only_epochs",
+                "syn_only_repeats",
             ):
                 if getattr(self, name) < 1:
                     raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
+            if self.syn_only_optimizer not in SYN_ONLY_OPTIMIZERS:
+                raise RaysimError(
+                    f"algorithm.syn_only_optimizer must be one of {', '.join(SYN_ONLY_OPTIMIZERS)}, "
+                    f"got {self.syn_only_optimizer!r}"
+                )
             if self.syn_batch < 0:
                 raise RaysimError(f"algorithm.syn_batch must be >= 0 (0: all of D_syn), got {self.syn_batch}")
             if self.target_average_max < self.target_average:
@@ -238,25 +260,46 @@ class DynaFed(FedAvg):
                 for fraction in DIAGNOSTIC_STEP_FRACTIONS
             )
 
-        fresh = ctx.spec.initial_model(device=ctx.device)
-        train_soft_labels(
-            fresh,
-            x,
-            y,
-            p.syn_only_epochs,
-            p.finetune_batch,
-            1e-3,
-            torch_generator(self.config.seed, SERVER, "dynafed-syn-only"),
-            augment,
-        )
-        with torch.no_grad():
-            accuracy, _ = evaluate(fresh, ctx.test_x, ctx.test_y)
+        accuracies = [self.train_on_synthetic_alone(x, y, step, repeat, ctx) for repeat in range(p.syn_only_repeats)]
         return {
             "syn_distance": distance(x, y),
             "real_distance": distance(real_x, real_labels),
             "noise_distance": distance(noise_x, noise_labels),
-            "syn_only_accuracy": accuracy,
+            "syn_only_accuracy": float(np.mean(accuracies)),
+            "syn_only_accuracy_std": float(np.std(accuracies)),
         }
+
+    def train_on_synthetic_alone(self, x, y, step, repeat, ctx) -> float:
+        """Test accuracy of the initial model trained on D_syn alone (soft labels, DSA per image)."""
+        p = self.params
+        model = ctx.spec.initial_model(device=ctx.device)
+        g = torch_generator(self.config.seed, SERVER, "dynafed-syn-only", repeat)
+        if p.syn_only_optimizer == "adam":
+            phases = [(torch.optim.Adam(model.parameters(), lr=SYN_ONLY_ADAM_LR), p.syn_only_epochs)]
+        else:
+            # evaluate_synset: lr x 0.1 after the first half, with a fresh optimiser (momentum restarts).
+            first = p.syn_only_epochs // 2 + 1
+            phases = [
+                (sgd(model, lr), epochs)
+                for lr, epochs in ((step, first), (step / 10, p.syn_only_epochs - first))
+                if epochs > 0
+            ]
+        for optimizer, epochs in phases:
+            train(
+                model,
+                x,
+                y,
+                epochs=epochs,
+                batch_size=p.finetune_batch,
+                optimizer=optimizer,
+                generator=g,
+                loss_fn=soft_label_loss,
+                augment=augmentation(p.dsa),
+                split=even_batches,
+            )
+        with torch.no_grad():
+            accuracy, _ = evaluate(model, ctx.test_x, ctx.test_y)
+        return accuracy
 
     def summary_extras(self, state):
         extras = dict(state.get("diagnostics", {}))
