@@ -379,7 +379,33 @@ def build_model(
     # Channels-last convolution weights make every convolution, norm and pooling layer run in
     # NHWC (the input follows the weights). On CPU that is 1.4-2x faster for these small nets
     # (measured: a DM step of ConvNet width 32, 0.36 s -> 0.17-0.28 s); CUDA supports it too.
-    return model.to(memory_format=torch.channels_last)
+    return _strided_pointwise_convs_contiguous(model.to(memory_format=torch.channels_last))
+
+
+# oneDNN, behind PyTorch's CPU convolutions, gets the weight gradient of a strided 1x1
+# convolution on channels-last input wrong when the layer has fewer input channels than its
+# channel block (16 on AVX-512, 8 on AVX2): it writes past a workspace (uxlfoundation/oneDNN
+# issue 6035). With 2+ threads and an odd batch that is a segmentation fault on AVX-512; on AVX2
+# a hang or silently wrong gradients. Only such layers (ResNet-18's first shortcut below width 1/4) run in
+# the contiguous layout; the result is the same convolution, every other layer stays NHWC.
+_ONEDNN_CHANNEL_BLOCK = 16
+
+
+def _contiguous_input(module: nn.Module, args: tuple) -> tuple:
+    return (args[0].contiguous(), *args[1:])
+
+
+def _strided_pointwise_convs_contiguous(model: nn.Module) -> nn.Module:
+    for layer in model.modules():
+        if (
+            isinstance(layer, nn.Conv2d)
+            and layer.kernel_size == (1, 1)
+            and layer.stride != (1, 1)
+            and layer.in_channels < _ONEDNN_CHANNEL_BLOCK
+        ):
+            layer.to(memory_format=torch.contiguous_format)
+            layer.register_forward_pre_hook(_contiguous_input)
+    return model
 
 
 def _user_model(path: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:

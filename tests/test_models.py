@@ -128,3 +128,47 @@ def test_published_sizes_are_unchanged():
         for name in ("resnet18", "googlenet")
     }
     assert sizes == {"resnet18": 11_173_962, "googlenet": 6_166_250}
+
+
+def _shortcut_convs(model: nn.Module) -> list[nn.Conv2d]:
+    return [m for m in model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1) and m.stride != (1, 1)]
+
+
+def test_narrow_strided_pointwise_convs_see_contiguous_input_and_the_rest_stay_channels_last():
+    model = build_model("resnet18", in_channels=3, num_classes=10, image_size=32, width_multiplier=0.125)
+    layouts = {}
+    for conv in _shortcut_convs(model):
+        conv.register_forward_hook(lambda m, args, out: layouts.__setitem__(m.in_channels, args[0].is_contiguous()))
+    model(torch.randn(3, 3, 32, 32))
+    # 8 input channels is below oneDNN's channel block; 16 and 32 are not and keep NHWC.
+    assert layouts == {8: True, 16: False, 32: False}
+
+
+# Run in a child process: on the affected kernels the failure is a segmentation fault (AVX-512)
+# or a wrong weight gradient (AVX2), and a crash must fail this test, not kill the test worker.
+_GRADIENT_CHECK = """
+import torch
+from raysim.models import build_model
+torch.set_num_threads(2)
+torch.manual_seed(0)
+for width in (0.125, 0.0625):  # 8 and 4 input channels: below the AVX-512 and the AVX2 block
+    model = build_model("resnet18", in_channels=3, num_classes=10, image_size=32, width_multiplier=width)
+    conv = model.features[5].downsample[0]  # the first strided 1x1 shortcut, as built
+    x = torch.randn(107, conv.in_channels, 32, 32).contiguous(memory_format=torch.channels_last)  # odd batch, NHWC
+    conv(x).square().sum().backward()
+    w = conv.weight.detach().double()[:, :, 0, 0]
+    sub = x.double()[:, :, ::2, ::2]
+    out = torch.einsum("oi,bihw->bohw", w, sub)
+    expected = torch.einsum("bohw,bihw->oi", 2 * out, sub)
+    err = (conv.weight.grad.double()[:, :, 0, 0] - expected).abs().max() / expected.abs().max()
+    assert err < 1e-5, (width, float(err))
+print("gradients ok")
+"""
+
+
+def test_narrow_resnet_shortcut_gradients_are_right_with_two_threads_and_an_odd_batch():
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _GRADIENT_CHECK], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "gradients ok" in result.stdout, result.stderr[-2000:]
