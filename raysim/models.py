@@ -385,9 +385,9 @@ def build_model(
 # oneDNN, behind PyTorch's CPU convolutions, gets the weight gradient of a strided 1x1
 # convolution on channels-last input wrong when the layer has fewer input channels than its
 # channel block (16 on AVX-512, 8 on AVX2): it writes past a workspace (uxlfoundation/oneDNN
-# issue 6035). With 2+ threads and an odd batch that is a segmentation fault on AVX-512; on AVX2
-# a hang or silently wrong gradients. Only such layers (ResNet-18's first shortcut below width 1/4) run in
-# the contiguous layout; the result is the same convolution, every other layer stays NHWC.
+# issue 6035). With 2+ threads and an odd batch that is a segmentation fault on AVX-512; on
+# AVX2 a hang or silently wrong gradients. Only such layers (ResNet-18's first shortcut below
+# width 1/4) run in the contiguous layout: the same convolution; every other layer stays NHWC.
 _ONEDNN_CHANNEL_BLOCK = 16
 
 
