@@ -198,7 +198,7 @@ class OneShot(Algorithm):
         for k, own in zip(sorted(state["clients"]), logits):
             accuracy[k] = int((own.argmax(1) == ctx.test_y).sum()) / len(ctx.test_y)
             ctx.log.client_value(k, "own_accuracy", accuracy[k])
-        ensemble = self.ensemble_accuracy(self.teachers(state, ctx), ctx, mean_logits)
+        ensemble = self.ensemble_accuracy(self.teachers(state, ctx), ctx, lambda logits, _: mean_logits(logits))
         ctx.log.scalar("ensemble_accuracy", ensemble)
         return {
             "client_accuracy": accuracy,
@@ -206,13 +206,17 @@ class OneShot(Algorithm):
             "ensemble_accuracy": ensemble,
         }
 
-    def ensemble_accuracy(self, teachers, ctx: Context, combine: Callable[[torch.Tensor], torch.Tensor]) -> float:
+    def ensemble_accuracy(
+        self, teachers, ctx: Context, combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> float:
+        """Test accuracy of `combine(logits (K, B, C), labels (B,)) -> (B, C)`; a combiner may read the
+        labels (FedHydra's SA given each image's true class as its target)."""
         logits = self.test_logits(teachers, ctx)
         batch = self.config.eval.batch_size
-        correct = sum(
-            int((combine(logits[:, start : start + batch]).argmax(1) == ctx.test_y[start : start + batch]).sum())
-            for start in range(0, len(ctx.test_y), batch)
-        )
+        correct = 0
+        for start in range(0, len(ctx.test_y), batch):
+            labels = ctx.test_y[start : start + batch]
+            correct += int((combine(logits[:, start : start + batch], labels).argmax(1) == labels).sum())
         return correct / len(ctx.test_y)
 
     def after_client_stage(self, state: dict[str, Any], round_index: int, ctx: Context) -> dict[str, Any]:

@@ -5,7 +5,8 @@ After the one-shot client stage (algorithms/_oneshot.py):
   and class j a fresh generator is trained for `stratify_steps` steps to make model k alone
   predict j (eq. 1); u_{k,j} = (max - min) / min of its CE curve (eq. 2); U (eq. 3) is normalised
   over clients (U_r, eq. 4-5) and over classes (U_c, eq. 6-7) (raysim.synthesis.stratify and
-  .ensemble). summary.json's `stratification` is U_c as one row per client; TensorBoard shows it.
+  .ensemble). summary.json's `stratification` is U_c as one row per client (TensorBoard shows it),
+  `stratification_scores` the u it came from.
 - **Stratified aggregation** (SA, eq. 8-12): the teacher of a synthetic sample with target y is
   sum_k U_r[k, y] (P_k (.) U_c[k]) (raysim.synthesis.ensemble.stratified_logits).
 - **HASA** (Algorithm 3), each distillation epoch: the generator minimises
@@ -15,8 +16,11 @@ After the one-shot client stage (algorithms/_oneshot.py):
 Choices where the paper is silent: the KL temperature (1, the authors' code default), beta
 (1.0: the paper introduces the term; the authors' code default of 0 would switch eq. 18 off), the
 stratification generator's steps (20) and batch (256) from the authors' code. `aggregation: mean`
-replaces SA by the average ensemble (the paper's AE, Fig. 7). `ensemble_accuracy_stratified` in
-summary.json is SA's test accuracy, read label-free (raysim.synthesis.ensemble.stratified_predict).
+replaces SA by the average ensemble (the paper's AE, Fig. 7). SA's teacher is read on the test
+images two ways (summary.json): `ensemble_accuracy_stratified`, label-free
+(raysim.synthesis.ensemble.stratified_predict), and `ensemble_accuracy_stratified_given_label`, with
+each image's true class as the target y, as the generator and the server model read SA on
+synthetic images: how often SA's teacher, told the class, predicts it.
 """
 
 from __future__ import annotations
@@ -80,8 +84,10 @@ class FedHydra(DataFreeDistillation):
         over_clients, over_classes = normalise_over_clients(u), normalise_over_classes(u)
         r = torch.as_tensor(over_clients, dtype=torch.float32, device=ctx.device)
         c = torch.as_tensor(over_classes, dtype=torch.float32, device=ctx.device)
-        stratified = self.ensemble_accuracy(teachers, ctx, lambda logits: stratified_predict(logits, r, c))
+        stratified = self.ensemble_accuracy(teachers, ctx, lambda logits, _: stratified_predict(logits, r, c))
+        given_label = self.ensemble_accuracy(teachers, ctx, lambda logits, y: stratified_logits(logits, y, r, c))
         ctx.log.scalar("ensemble_accuracy_stratified", stratified)
+        ctx.log.scalar("ensemble_accuracy_stratified_given_label", given_label)
         from raysim.plots import matrix_figure
 
         ctx.log.figure(
@@ -91,7 +97,9 @@ class FedHydra(DataFreeDistillation):
         report = {
             **state["report"],
             "ensemble_accuracy_stratified": stratified,
+            "ensemble_accuracy_stratified_given_label": given_label,
             "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
+            "stratification_scores": [[round(float(v), 6) for v in row] for row in u],  # u (eq. 2), before eq. 4-7
             "stratification_clients": clients,
         }
         return {**state, "u": u, "over_clients": over_clients, "over_classes": over_classes, "report": report}

@@ -150,6 +150,7 @@ ONE_SHOT_COLUMNS = {
     "best_client_accuracy": "best client acc",
     "ensemble_accuracy": "ensemble acc",
     "ensemble_accuracy_stratified": "SA ensemble acc",
+    "ensemble_accuracy_stratified_given_label": "SA acc given label",
 }
 MAX_CLIENT_COLUMNS = 10
 

@@ -182,11 +182,15 @@ def test_stratification_finds_each_clients_two_classes_and_is_reported(six_metho
     summary, run_dir = six_methods[0]["fedhydra"]
     u = np.array(summary["stratification"])
     assert u.shape == (5, 10) and np.allclose(u.sum(1), 1, atol=1e-4)
+    scores = np.array(summary["stratification_scores"])  # eq. 6-7 turn u into U_c
+    assert np.allclose(scores / scores.sum(1, keepdims=True), u, atol=1e-4)
     for k, row in enumerate(u):  # client k holds classes 2k and 2k + 1
         assert sorted(np.argsort(row)[-2:].tolist()) == [2 * k, 2 * k + 1], (k, row)
     accuracy = summary["client_accuracy"]
     assert sorted(accuracy) == [str(k) for k in range(5)] and summary["best_client_accuracy"] > 0.15
     assert 0 <= summary["ensemble_accuracy"] <= 1 and 0 <= summary["ensemble_accuracy_stratified"] <= 1
+    # Told each image's class, SA weights the one client that holds it (U_r): far above the label-free reading.
+    assert summary["ensemble_accuracy_stratified_given_label"] > summary["ensemble_accuracy_stratified"] + 0.2
     own = [r for r in pq.read_table(run_dir / "metrics.parquet").to_pylist() if r["metric"] == "own_accuracy"]
     assert sorted(r["client"] for r in own) == list(range(5))
     assert server_series(run_dir, "participants") == [0, 0, 0]  # clients from the cache, then distillation epochs
