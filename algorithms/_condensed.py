@@ -62,6 +62,30 @@ class CondensationParams:
             raise RaysimError(f"algorithm.init must be real, average or noise, got '{self.init}'")
 
 
+def train_server_model(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    params: CondensationParams,
+    generator: torch.Generator,
+    extra_loss=None,
+) -> float:
+    """The server's training on received condensed sets, with `params`' server settings; DSA drawn per
+    image (the DSA authors' seed=-1)."""
+    return train_on_synthetic(
+        model,
+        x,
+        y,
+        params.server_epochs,
+        params.server_batch,
+        params.server_lr,
+        params.server_momentum,
+        generator,
+        augment=DSA(per_image=True) if params.server_dsa else None,
+        extra_loss=extra_loss,
+    )
+
+
 def gradient_ratio(extra: torch.Tensor, dm: torch.Tensor, syn: torch.Tensor) -> float:
     """||d extra / d syn|| / ||d dm / d syn||, leaving both graphs for the step's backward pass."""
     (g_extra,) = torch.autograd.grad(extra, syn, retain_graph=True)
@@ -161,22 +185,16 @@ class CondensedDataAlgorithm(Algorithm):
         return torch.cat(xs), torch.cat(ys)
 
     def server_update(self, state, replies, round_index, ctx):
-        p = self.params
         state = self.aggregate_knowledge(dict(state), replies, ctx)
         x, y = self.gather(replies, ctx)
         model = ctx.model("server")
         load_weights(model, state["weights"])
-        # DSA drawn per image while training on the condensed sets (the DSA authors' seed=-1)
-        train_on_synthetic(
+        train_server_model(
             model,
             x,
             y,
-            p.server_epochs,
-            p.server_batch,
-            p.server_lr,
-            p.server_momentum,
+            self.params,
             torch_generator(self.config.seed, SERVER, round_index),
-            augment=DSA(per_image=True) if p.server_dsa else None,
             extra_loss=self.server_extra_loss(state, ctx),
         )
         state["weights"] = module_weights(model)

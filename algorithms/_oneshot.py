@@ -193,12 +193,13 @@ class OneShot(Algorithm):
         return self._test_logits
 
     def report_clients(self, state: dict[str, Any], ctx: Context) -> dict[str, Any]:
-        logits = self.test_logits(self.teachers(state, ctx), ctx)
+        teachers = self.teachers(state, ctx)
+        logits = self.test_logits(teachers, ctx)
         accuracy = {}
         for k, own in zip(sorted(state["clients"]), logits):
             accuracy[k] = int((own.argmax(1) == ctx.test_y).sum()) / len(ctx.test_y)
             ctx.log.client_value(k, "own_accuracy", accuracy[k])
-        ensemble = self.ensemble_accuracy(self.teachers(state, ctx), ctx, lambda logits, _: mean_logits(logits))
+        ensemble = self.ensemble_accuracy(teachers, ctx, lambda logits, _: mean_logits(logits))
         ctx.log.scalar("ensemble_accuracy", ensemble)
         return {
             "client_accuracy": accuracy,

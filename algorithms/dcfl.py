@@ -49,11 +49,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from algorithms._condensed import CondensationParams, CondensedDataAlgorithm, frozen
+from algorithms._condensed import CondensationParams, CondensedDataAlgorithm, frozen, train_server_model
 from raysim.algorithm import Algorithm, Broadcast, ClientData, Context, Reply
 from raysim.condense.augment import DSA
 from raysim.condense.models import resample_model
-from raysim.condense.synthetic import as_images, set_labels, train_on_synthetic
+from raysim.condense.synthetic import as_images, set_labels
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
 from raysim.seeding import SERVER, torch_generator
@@ -284,22 +284,11 @@ class DCFL(Algorithm):
 
     def train_on_pool(self, state, round_index, ctx):
         """ServerUpdate(w^0, D~): the initial model trained on every condensed set received."""
-        p = self.params
         x, y = pool_arrays(state["pool"], sorted(state["pool"]))
         x, y = to_images(x, ctx), torch.as_tensor(y, device=ctx.device)
         model = ctx.model("server")
         load_weights(model, state["weights"])
-        train_on_synthetic(
-            model,
-            x,
-            y,
-            p.server_epochs,
-            p.server_batch,
-            p.server_lr,
-            p.server_momentum,
-            torch_generator(self.config.seed, SERVER, round_index),
-            augment=DSA(per_image=True) if p.server_dsa else None,
-        )
+        train_server_model(model, x, y, self.params, torch_generator(self.config.seed, SERVER, round_index))
         return module_weights(model)
 
     def pool_losses(self, state, ctx) -> dict[int, np.ndarray]:

@@ -13,7 +13,8 @@ After the one-shot client stage (algorithms/_oneshot.py):
   CE(P, y) + lambda1 L_BN + lambda2 L_AD (eq. 13-16; L_AD = -KL(P, F_g), on the samples where the
   server model disagrees with P, as in the authors' DENSE-based code); the server model then
   minimises KL(P, F_g) + beta CE(F_g, H[P]) (eq. 17-19) over the pool.
-Choices where the paper is silent: the KL temperature (1, the authors' code default), beta
+Choices where the paper is silent: the temperature of eq. 17's KL (1, the authors' code default;
+eq. 15's adversarial KL stays at 1, as in DENSE's code, which theirs builds on), beta
 (1.0: the paper introduces the term; the authors' code default of 0 would switch eq. 18 off), the
 stratification generator's steps (20) and batch (256) from the authors' code. `aggregation: mean`
 replaces SA by the average ensemble (the paper's AE, Fig. 7). SA's teacher is read on the test
@@ -54,7 +55,7 @@ class FedHydra(DataFreeDistillation):
         lambda1: float = 1.0  # BN loss (eq. 16)
         lambda2: float = 1.0  # adversarial loss (eq. 16)
         beta: float = 1.0  # hard-label CE of the server model (eq. 19)
-        temperature: float = 1.0  # of the KL terms
+        temperature: float = 1.0  # of the distillation KL (eq. 17)
         aggregation: str = "stratified"  # stratified (SA) | mean (AE, Fig. 7)
 
         def validate(self) -> None:
@@ -119,7 +120,7 @@ class FedHydra(DataFreeDistillation):
         p = self.params
         return lambda teacher, student, y: (
             F.cross_entropy(teacher, y)  # eq. 13
-            + p.lambda2 * adversarial_loss(student, teacher, masked=True, temperature=p.temperature)
+            + p.lambda2 * adversarial_loss(student, teacher, masked=True)  # at temperature 1, as DENSE's
         )  # eq. 15
 
     def distillation_loss(self, state):

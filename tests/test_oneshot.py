@@ -225,6 +225,23 @@ def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_n
     assert len(runs["coboosting"][0]["ensemble_weights"]) == 5
 
 
+def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypatch):
+    """FedHydra is DENSE's loop plus SA (eq. 8), the hard-label term (eq. 18) and its own KD temperature;
+    its adversarial term (eq. 15) is DENSE's at temperature 1. With the average ensemble, beta 0 and
+    DENSE's temperature it must reproduce DENSE's run exactly, image for image."""
+    runs, cache = six_methods
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
+    dense_summary, dense_dir = runs["dense"]
+    _, as_dense = run(
+        tmp_path,
+        "fedhydra-as-dense",
+        **{"algorithm.aggregation": "mean", "algorithm.beta": 0.0, "algorithm.temperature": 20.0},
+    )
+    for metric in ("generator_loss", "distill_loss", "accuracy"):
+        assert server_series(as_dense, metric) == server_series(dense_dir, metric), metric
+    assert server_series(runs["fedhydra"][1], "distill_loss") != server_series(dense_dir, "distill_loss")
+
+
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
     rows = {}
     for actors in (1, 2):
