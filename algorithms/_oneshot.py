@@ -77,7 +77,8 @@ class OneShotParams:
         for key in ("generator_steps", "pool_size"):
             if getattr(self, key) < 0:
                 raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
-        for key in ("generator_lr", "kd_lr"):
+        # `temperature`: the distillation KL's, for the methods that have one (DENSE, Co-Boosting, FedDF, FedHydra)
+        for key in ("generator_lr", "kd_lr", *(["temperature"] if hasattr(self, "temperature") else [])):
             if not getattr(self, key) > 0:
                 raise RaysimError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
 

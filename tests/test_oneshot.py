@@ -231,7 +231,7 @@ def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypa
     DENSE's temperature it must reproduce DENSE's run exactly, image for image."""
     runs, cache = six_methods
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
-    dense_summary, dense_dir = runs["dense"]
+    _, dense_dir = runs["dense"]
     _, as_dense = run(
         tmp_path,
         "fedhydra-as-dense",
@@ -292,6 +292,11 @@ def test_one_shot_configuration_errors_are_one_clear_line():
         )
     with pytest.raises(RaysimError, match="aggregation must be stratified or mean"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.aggregation=median"])
+    for method in ("dense", "coboosting", "feddf", "fedhydra"):
+        with pytest.raises(RaysimError, match="algorithm.temperature must be > 0, got -1"):
+            load_config(
+                ROOT / "configs" / "quickstart.yaml", base + [f"algorithm.name={method}", "algorithm.temperature=-1"]
+            )
     from raysim.runner import prepare
 
     config = load_config(
