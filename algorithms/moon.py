@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.fedavg import FedAvg
+from raysim.errors import RaysimError
 from raysim.tensors import load_weights, module_weights
 
 
@@ -27,6 +28,12 @@ class Moon(FedAvg):
     class Params:
         mu: float = 1.0  # FedAF's setting
         temperature: float = 0.5
+
+        def validate(self):
+            if self.mu < 0:
+                raise RaysimError(f"algorithm.mu must be >= 0, got {self.mu}")
+            if not self.temperature > 0:  # 0 divides the similarities by zero: the run learns nothing
+                raise RaysimError(f"algorithm.temperature must be > 0, got {self.temperature}")
 
     def local_loss(self, payload, client, ctx):
         global_model, previous_model = ctx.model("moon_global"), ctx.model("moon_previous")

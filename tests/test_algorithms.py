@@ -159,3 +159,16 @@ def test_the_readme_lists_every_algorithm():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     row = next(line for line in readme.splitlines() if line.startswith("| `algorithm.name` |"))
     assert re.findall(r"`([a-z0-9_]+)`", row.split("|")[2]) == builtin_names()
+
+
+def test_moon_refuses_a_temperature_or_mu_it_cannot_use():
+    from raysim.config import load_config
+    from raysim.errors import RaysimError
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    for override, message in (
+        ("algorithm.temperature=0", "temperature must be > 0, got 0"),
+        ("algorithm.mu=-1", "mu must be >= 0"),
+    ):
+        with pytest.raises(RaysimError, match=message):
+            load_config(quickstart, ["algorithm.name=moon", override])
