@@ -6,7 +6,9 @@ After the one-shot client stage (algorithms/_oneshot.py):
   predict j (eq. 1); u_{k,j} = (max - min) / min of its CE curve (eq. 2); U (eq. 3) is normalised
   over clients (U_r, eq. 4-5) and over classes (U_c, eq. 6-7) (raysim.synthesis.stratify and
   .ensemble). summary.json's `stratification` is U_c as one row per client (TensorBoard shows it),
-  `stratification_scores` the u it came from.
+  `stratification_scores` the u it came from, and `stratification_rank_correlation` how u ranks
+  against each client's prediction rate and precision per class on the test images
+  (raysim.synthesis.stratify.rank_against_predictions).
 - **Stratified aggregation** (SA, eq. 8-12): the teacher of a synthetic sample with target y is
   sum_k U_r[k, y] (P_k (.) U_c[k]) (raysim.synthesis.ensemble.stratified_logits).
 - **HASA** (Algorithm 3), each distillation epoch: the generator minimises
@@ -42,7 +44,7 @@ from raysim.synthesis.ensemble import (
     stratified_predict,
 )
 from raysim.synthesis.losses import adversarial_loss, distillation_loss
-from raysim.synthesis.stratify import stratification_scores
+from raysim.synthesis.stratify import rank_against_predictions, stratification_scores
 
 
 class FedHydra(DataFreeDistillation):
@@ -89,6 +91,7 @@ class FedHydra(DataFreeDistillation):
         given_label = self.ensemble_accuracy(teachers, ctx, lambda logits, y: stratified_logits(logits, y, r, c))
         ctx.log.scalar("ensemble_accuracy_stratified", stratified)
         ctx.log.scalar("ensemble_accuracy_stratified_given_label", given_label)
+        ranks = rank_against_predictions(u, self.test_logits(teachers, ctx).argmax(2), ctx.test_y)
         from raysim.plots import matrix_figure
 
         ctx.log.figure(
@@ -102,6 +105,7 @@ class FedHydra(DataFreeDistillation):
             "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
             "stratification_scores": [[round(float(v), 6) for v in row] for row in u],  # u (eq. 2), before eq. 4-7
             "stratification_clients": clients,
+            "stratification_rank_correlation": ranks,
         }
         return {**state, "u": u, "over_clients": over_clients, "over_classes": over_classes, "report": report}
 

@@ -26,7 +26,7 @@ from raysim.synthesis.ensemble import (
 )
 from raysim.synthesis.generator import Generator, reset_generator
 from raysim.synthesis.losses import BNStatistics, adversarial_loss, distillation_loss, hard_sample_cross_entropy
-from raysim.synthesis.stratify import loss_variation
+from raysim.synthesis.stratify import loss_variation, rank_against_predictions
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +157,18 @@ def test_loss_variation_is_eq_2():
     assert loss_variation([1.0, 1.0]) == 0.0
 
 
+def test_stratification_is_ranked_against_prediction_rate_and_precision():
+    labels = torch.tensor([0, 0, 1, 1])
+    predictions = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]])  # client 0 always says 0; client 1 once errs
+    # cells (0, 0), (0, 1), (1, 0), (1, 1): rates 1, 0, 0.25, 0.75; precisions 0.5, 0, 1, 2/3
+    ranks = rank_against_predictions(np.array([[4.0, 1.0], [2.0, 3.0]]), predictions, labels)
+    assert ranks == {"prediction_rate": 1.0, "precision": pytest.approx(0.2)}
+    ranks = rank_against_predictions(np.array([[2.0, 1.0], [4.0, 3.0]]), predictions, labels)
+    assert ranks == {"prediction_rate": pytest.approx(0.2), "precision": 1.0}
+    constant = rank_against_predictions(np.ones((2, 2)), predictions, labels)  # no ranking to compare
+    assert constant == {"prediction_rate": None, "precision": None}
+
+
 # ------------------------------------------------------------------ the methods
 
 
@@ -188,6 +200,10 @@ def test_stratification_finds_each_clients_two_classes_and_is_reported(six_metho
         assert sorted(np.argsort(row)[-2:].tolist()) == [2 * k, 2 * k + 1], (k, row)
     accuracy = summary["client_accuracy"]
     assert sorted(accuracy) == [str(k) for k in range(5)] and summary["best_client_accuracy"] > 0.15
+    # On 2c/c a client predicts only its two classes, so its largest u are where it predicts at all
+    # and the only classes it can be right on: both rankings agree with u.
+    ranks = summary["stratification_rank_correlation"]
+    assert ranks["prediction_rate"] > 0.5 and ranks["precision"] > 0.5, ranks
     assert 0 <= summary["ensemble_accuracy"] <= 1 and 0 <= summary["ensemble_accuracy_stratified"] <= 1
     # Told each image's class, SA weights the one client that holds it (U_r): far above the label-free reading.
     assert summary["ensemble_accuracy_stratified_given_label"] > summary["ensemble_accuracy_stratified"] + 0.2

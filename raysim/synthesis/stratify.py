@@ -5,6 +5,11 @@ authors' code) is trained for `steps` Adam steps to make client k alone classify
 (eq. 1: CE(F(x_hat; theta_k), j)); the loss of every step is recorded and
 u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
 towards 0, so u is large; one that never saw j stays high and flat.
+
+`rank_against_predictions` checks that reading on labelled test images: over the K x C cells, the
+rank correlation of u with how often client k predicts j (its bias towards j) and with its
+precision on j (how often it is right when it says j). A score that measures capability should
+follow precision more than the rate.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.stats import spearmanr
 from torch import nn
 
 from raysim.synthesis.augment import crop_flip
@@ -64,3 +70,23 @@ def stratification_scores(
                 curve.append(float(loss.detach()))
             scores[k, j] = loss_variation(curve)
     return scores
+
+
+def rank_against_predictions(u: np.ndarray, predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float | None]:
+    """Spearman's rank correlation over the K x C cells of u with each client's prediction rate
+    (the share of the images it classifies as j) and its precision on j (0 where it never
+    predicts j); `predictions` is (K, N) predicted classes, `labels` (N,). None where a side is
+    constant (no ranking)."""
+    predictions, labels = predictions.long().cpu(), labels.long().cpu()
+    counts = torch.zeros(u.shape, dtype=torch.float64)  # counts[k, j]: images client k calls j
+    counts.scatter_add_(1, predictions, torch.ones_like(predictions, dtype=torch.float64))
+    correct = torch.zeros_like(counts).scatter_add_(1, predictions, (predictions == labels).double())
+    rate = (counts / predictions.shape[1]).numpy()
+    precision = (correct / counts.clamp(min=1)).numpy()
+
+    def rho(other: np.ndarray) -> float | None:
+        if np.ptp(u) == 0 or np.ptp(other) == 0:
+            return None
+        return round(float(spearmanr(u.ravel(), other.ravel()).statistic), 4)
+
+    return {"prediction_rate": rho(rate), "precision": rho(precision)}
