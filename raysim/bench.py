@@ -366,7 +366,9 @@ def condense(opts: dict) -> None:
 
 
 def main(which: str, extra: list[str]) -> int:
-    opts = dict(CONDENSE_DEFAULTS if which == "condense" else DEFAULTS)
+    from raysim import bench_determinism
+
+    opts = dict({"condense": CONDENSE_DEFAULTS, "determinism": bench_determinism.DEFAULTS}.get(which, DEFAULTS))
     for text in extra:
         key, _, value = text.partition("=")
         if key not in opts or not value:
@@ -376,4 +378,6 @@ def main(which: str, extra: list[str]) -> int:
         overhead(opts)
     elif which == "condense":
         condense(opts)
+    elif which == "determinism":
+        bench_determinism.determinism(opts)
     return 0

@@ -100,14 +100,14 @@ class ResourcesConfig:
     # clients wait, so by default it uses every core of its node; the number never depends on
     # resources.actors, which keeps results equal across actor counts.
     server_threads: int | None = None
-    # Local Ray only: CPUs and logical GPUs to start Ray with (None: all cores / 0).
+    # Local Ray only: CPUs and GPUs to start Ray with (None: all cores / the GPUs Ray detects).
     num_cpus: int | None = None
     num_gpus: int | None = None
     object_store_mb: int = 512
     max_restarts: int = 3
     max_task_retries: int = 3
     address: str | None = None  # Ray cluster to attach to (also RAY_ADDRESS)
-    deterministic: bool = True  # deterministic cuDNN kernels on GPU
+    deterministic: bool = True  # CUDA: PyTorch's deterministic mode (raysim.engine.devices); CPU: always
     # Debug mode: the server and every client run serially in the driver process (breakpoints
     # and profilers work; no actor start-up). Payloads and replies still go through the object
     # store, and the numbers are the same as with actors.

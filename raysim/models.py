@@ -31,6 +31,7 @@ from torch import nn
 
 from raysim.errors import RaysimError
 from raysim.plugins import load_object
+from raysim.resample import GlobalAvgPool
 
 MODEL_NAMES: tuple[str, ...] = ("convnet", "mlp", "cnn2", "cnn3", "lenet", "resnet18", "googlenet")
 NORMS: tuple[str, ...] = ("batchnorm", "instancenorm", "none")
@@ -240,8 +241,8 @@ class ResNet18(_Backbone):
                     )
                 layers.append(BasicBlock(inplanes, planes, stride=s, downsample=downsample))
                 inplanes = planes
-        # Adaptive pooling makes the 512-d embedding independent of the input size.
-        layers.append(nn.AdaptiveAvgPool2d(1))
+        # Global pooling makes the 512-d embedding independent of the input size.
+        layers.append(GlobalAvgPool())
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(inplanes, num_classes)
 
@@ -296,7 +297,7 @@ class GoogLeNet(_Backbone):
             n1, n3r, n3, n5r, n5, pool = (_scaled(n, width_multiplier) for n in block)
             layers.append(_Inception(channels, n1, n3r, n3, n5r, n5, pool))
             channels = n1 + n3 + n5 + pool
-        layers.append(nn.AdaptiveAvgPool2d(1))
+        layers.append(GlobalAvgPool())
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(channels, num_classes)
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from raysim.resample import grid_sample
+
 FAMILIES = ("color", "crop", "cutout", "flip", "scale", "rotate")
 
 
@@ -58,7 +60,7 @@ class DSA:
     def _affine(self, x: torch.Tensor, theta: list[list[float]]) -> torch.Tensor:
         t = torch.tensor(theta, dtype=x.dtype, device=x.device).unsqueeze(0).expand(len(x), 2, 3)
         grid = F.affine_grid(t, list(x.shape), align_corners=True)
-        return F.grid_sample(x, grid, align_corners=True)
+        return grid_sample(x, grid, align_corners=True)
 
     def _scale(self, x, g):
         lo, hi = 1.0 / self.p.scale, self.p.scale
@@ -104,7 +106,7 @@ class DSA:
 
     def _affine_each(self, x: torch.Tensor, theta: torch.Tensor, mode: str = "bilinear") -> torch.Tensor:
         grid = F.affine_grid(theta, list(x.shape), align_corners=True)
-        return F.grid_sample(x, grid, mode=mode, align_corners=True)
+        return grid_sample(x, grid, mode=mode, align_corners=True)
 
     def _scale_each(self, x, g):
         lo, hi = 1.0 / self.p.scale, self.p.scale

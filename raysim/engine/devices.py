@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 
 import torch
@@ -25,6 +26,13 @@ def configure_torch(cpus: float, device: torch.device, deterministic: bool) -> i
     # Object-store arrays are read-only; raysim only ever copies out of them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     if device.type == "cuda" and deterministic:
+        # Same numbers on every run and any number of actors: deterministic cuDNN and cuBLAS
+        # kernels, and PyTorch's deterministic variants of the ops that add with atomics (gathers'
+        # and index_add's backward). The two ops without such a variant that raysim uses take the
+        # routes in raysim.resample. cuBLAS reads its workspace setting when its first handle is
+        # made, so it is set here, before the process's first matrix product on the GPU.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True)
     return threads

@@ -33,7 +33,7 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         ray.init(
             address="local",
             num_cpus=resources.num_cpus or os.cpu_count(),
-            num_gpus=resources.num_gpus or 0,
+            num_gpus=resources.num_gpus,  # None: the GPUs Ray detects
             include_dashboard=False,
             object_store_memory=resources.object_store_mb * 2**20,
             logging_level=logging.WARNING,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from raysim.resample import grid_sample
+
 
 def crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4, flip: bool = True) -> torch.Tensor:
     """x: (N, C, H, W) pixels in [0, 1]; per image a shift in [-pad, pad]^2 and, with `flip`, a
@@ -23,4 +25,4 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4, flip: b
     theta[:, 0, 2] = 2.0 * shift[:, 0] / w  # align_corners=False: one pixel is 2/W in grid units
     theta[:, 1, 2] = 2.0 * shift[:, 1] / h
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
-    return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return grid_sample(x, grid, mode="bilinear", align_corners=False)
