@@ -82,7 +82,7 @@ def test_paper_scale_settings(path):
     if config.model.name == "convnet":
         assert (config.model.width, config.model.depth, config.model.norm) == (128, 3, "batchnorm")
     res = config.resources
-    assert (res.actors, res.cpus_per_actor, res.gpus_per_actor, res.server_gpus) == (4, 1, 0.25, 0)
+    assert (res.actors, res.cpus_per_actor, res.gpus_per_actor, res.server_gpus) == (4, 1, 0.2, 0.2)
     if alg["name"] == "fedaf":
         assert (alg["lambda_loc"], alg["lambda_glob"]) == pytest.approx(LAMBDAS[config.dataset.name])
         assert alg["image_lr"] == pytest.approx(IMAGE_LR[config.dataset.name])

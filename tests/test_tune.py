@@ -134,6 +134,9 @@ def test_auto_actors_follow_the_cluster(ray_session):
     assert plan_actors(ResourcesConfig(actors=None, cpus_per_actor=0.1, gpus_per_actor=0.5), 10)[0] == 2
     with pytest.raises(RaysimError, match="cannot hold one actor"):
         plan_actors(ResourcesConfig(actors=None, gpus_per_actor=2), 10)
+    # the session's one logical GPU all taken by the server: the line names the server's share
+    with pytest.raises(RaysimError, match="lower the per-actor share or resources.server_gpus=1$"):
+        plan_actors(ResourcesConfig(actors=None, gpus_per_actor=0.25, server_gpus=1), 10)
 
 
 def test_auto_is_accepted_in_yaml():

@@ -59,6 +59,7 @@ def plan_actors(resources: ResourcesConfig, num_clients: int) -> tuple[int, str 
             f"resources.actors=auto: the Ray cluster ({cpus:g} CPUs, {max(gpus, 0):g} free GPUs) "
             f"cannot hold one actor of {resources.cpus_per_actor:g} CPU and "
             f"{resources.gpus_per_actor:g} GPU: lower the per-actor share"
+            + (f" or resources.server_gpus={resources.server_gpus:g}" if resources.server_gpus and gpus < 1e-9 else "")
         )
     why = f"{cpus:g} CPUs / {resources.cpus_per_actor:g} per actor"
     if resources.gpus_per_actor:
