@@ -43,6 +43,8 @@ def client_stage_key(config: Config, data_digest: str) -> str:
         "gpu": config.resources.gpus_per_actor > 0,
         "deterministic": config.resources.deterministic,
     }
+    if described["gpu"]:  # only on a GPU, so that the keys of CPU runs stay as they were
+        described["tf32"] = config.resources.tf32
     return hashlib.blake2b(json.dumps(described, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 

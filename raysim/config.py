@@ -108,6 +108,8 @@ class ResourcesConfig:
     max_task_retries: int = 3
     address: str | None = None  # Ray cluster to attach to (also RAY_ADDRESS)
     deterministic: bool = True  # CUDA: PyTorch's deterministic mode (raysim.engine.devices); CPU: always
+    # CUDA convolutions in TF32 (PyTorch's default: faster); false: in float32, closer to the CPU's numbers
+    tf32: bool = True
     # Debug mode: the server and every client run serially in the driver process (breakpoints
     # and profilers work; no actor start-up). Payloads and replies still go through the object
     # store, and the numbers are the same as with actors.

@@ -4,6 +4,8 @@ determinism`, run on a GPU)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,6 +88,37 @@ def test_cpu_actors_leave_deterministic_algorithms_off_so_cpu_numbers_are_unchan
     finally:
         torch.set_num_threads(threads)
     assert not resample.deterministic_route(torch.zeros(1))
+
+
+def test_cuda_actors_turn_on_deterministic_mode_and_follow_the_tf32_setting(monkeypatch):
+    """What configure_torch sets for a CUDA actor (no GPU needed: it only sets flags)."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    threads, saved = torch.get_num_threads(), (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic)
+    try:
+        configure_torch(1, torch.device("cuda"), deterministic=True, tf32=False)
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert not torch.backends.cudnn.allow_tf32
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        torch.use_deterministic_algorithms(False)
+        configure_torch(1, torch.device("cuda"), deterministic=False, tf32=True)
+        assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = saved
+        torch.set_num_threads(threads)
+
+
+def test_the_client_stage_cache_key_follows_tf32_on_a_gpu_only():
+    from raysim.client_cache import client_stage_key
+    from raysim.config import load_config
+    from raysim.shipped_configs import ROOT
+
+    def key(*overrides):
+        return client_stage_key(load_config(ROOT / "quickstart.yaml", list(overrides)), "digest")
+
+    assert key("resources.tf32=false") == key()
+    gpu = "resources.gpus_per_actor=0.5"
+    assert key(gpu, "resources.tf32=false") != key(gpu) != key()
 
 
 def test_bench_determinism_compares_metrics_value_by_value():

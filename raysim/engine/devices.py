@@ -19,12 +19,15 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def configure_torch(cpus: float, device: torch.device, deterministic: bool) -> int:
-    """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count."""
+def configure_torch(cpus: float, device: torch.device, deterministic: bool, tf32: bool = True) -> int:
+    """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count.
+    On CUDA also the kernels' determinism and whether convolutions run in TF32 (PyTorch's default)."""
     threads = max(1, int(cpus))
     torch.set_num_threads(threads)
     # Object-store arrays are read-only; raysim only ever copies out of them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+    if device.type == "cuda":
+        torch.backends.cudnn.allow_tf32 = tf32
     if device.type == "cuda" and deterministic:
         # Same numbers on every run and any number of actors: deterministic cuDNN and cuBLAS
         # kernels, and PyTorch's deterministic variants of the ops that add with atomics (gathers'

@@ -75,7 +75,7 @@ class ServerRuntime:
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
-        self.threads = configure_torch(threads, self.device, config.resources.deterministic)
+        self.threads = configure_torch(threads, self.device, config.resources.deterministic, config.resources.tf32)
         self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog(), data_digest=data_digest)
         self.algorithm = make_algorithm(config)
         self.actors = actors
