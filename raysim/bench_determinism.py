@@ -123,10 +123,12 @@ def _config(name: str, actors: int, gpus: float, deterministic: bool):
 def _values(run_dir: Path) -> dict[tuple, float]:
     import pyarrow.parquet as pq
 
+    from raysim.outputs.metrics import is_timing
+
     return {
         (r["round"], r["client"], r["metric"]): r["value"]
         for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+        if not is_timing(r["metric"])
     }
 
 

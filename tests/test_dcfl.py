@@ -16,6 +16,7 @@ from raysim.config import load_config
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
 from raysim.models import build_model
+from raysim.outputs.metrics import is_timing
 from raysim.similarity import cka_matrix
 from raysim.tensors import module_weights, serialized_nbytes
 from tests.conftest import tiny_overrides
@@ -54,11 +55,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def deterministic_rows(run_dir: Path) -> list[tuple]:
-    return [
-        (r["round"], r["client"], r["metric"], r["value"])
-        for r in rows(run_dir)
-        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
-    ]
+    return [(r["round"], r["client"], r["metric"], r["value"]) for r in rows(run_dir) if not is_timing(r["metric"])]
 
 
 @pytest.fixture(scope="module")

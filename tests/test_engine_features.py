@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from raysim.outputs.metrics import is_timing
 from raysim.outputs.state_files import read_checkpoint
 from tests.conftest import run_and_kill_after_round, tiny_overrides
 
@@ -32,7 +33,7 @@ def rows(run_dir):
     return [
         (r["round"], r["client"], r["metric"], r["value"])
         for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-        if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+        if not is_timing(r["metric"])
     ]
 
 

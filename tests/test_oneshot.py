@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from raysim.config import load_config
 from raysim.errors import RaysimError
 from raysim.models import build_model
+from raysim.outputs.metrics import is_timing
 from raysim.synthesis.augment import crop_flip
 from raysim.synthesis.ensemble import (
     mean_logits,
@@ -276,7 +277,7 @@ def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_
         rows[actors] = [
             (r["round"], r["client"], r["metric"], r["value"])
             for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+            if not is_timing(r["metric"])
         ]
     assert rows[1] == rows[2]
 
@@ -339,7 +340,7 @@ def test_a_resumed_run_continues_to_the_same_numbers(six_methods, tmp_path, monk
         return [
             (r["round"], r["client"], r["metric"], r["value"])
             for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
-            if not r["metric"].startswith("time") and r["metric"] != "round_time_s"
+            if not is_timing(r["metric"])
         ]
 
     assert values(part) == values(runs[method][1])

@@ -19,6 +19,12 @@ SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa
 Row = tuple[int, int | None, str, float]
 
 
+def is_timing(metric: str) -> bool:
+    """Wall-clock metrics (the server's `time_*_s` and `round_time_s`, the clients' `time_*`): the only
+    values that differ between two runs of one config."""
+    return metric.startswith("time") or metric == "round_time_s"
+
+
 class MetricsTable:
     def __init__(self, path: Path, resume_through_round: int | None = None):
         self.path = path
