@@ -19,11 +19,15 @@ Choices where the paper is silent: the temperature of eq. 17's KL (1, the author
 eq. 15's adversarial KL stays at 1, as in DENSE's code, which theirs builds on), beta
 (1.0: the paper introduces the term; the authors' code default of 0 would switch eq. 18 off), the
 stratification generator's steps (20) and batch (256) from the authors' code. `aggregation: mean`
-replaces SA by the average ensemble (the paper's AE, Fig. 7). SA's teacher is read on the test
+replaces SA by the average ensemble (the paper's AE, Fig. 7); `aggregation: stratified_unscaled` is
+an ablation of ours, SA without eq. 8: each client's logits enter unscaled, weighted by U_r[k, y]
+alone (eq. 10-11), which separates the two parts of SA. SA's teacher is read on the test
 images two ways (summary.json): `ensemble_accuracy_stratified`, label-free
 (raysim.synthesis.ensemble.stratified_predict), and `ensemble_accuracy_stratified_given_label`, with
 each image's true class as the target y, as the generator and the server model read SA on
-synthetic images: how often SA's teacher, told the class, predicts it.
+synthetic images: how often SA's teacher, told the class, predicts it. The same two readings of SA
+without eq. 8 are `ensemble_accuracy_stratified_unscaled` and `..._unscaled_given_label`, whatever
+`aggregation` is.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from raysim.synthesis.ensemble import (
 from raysim.synthesis.losses import adversarial_loss, distillation_loss
 from raysim.synthesis.stratify import rank_against_predictions, stratification_scores
 
+AGGREGATIONS = ("stratified", "stratified_unscaled", "mean")
+
 
 class FedHydra(DataFreeDistillation):
     name = "fedhydra"
@@ -58,12 +64,15 @@ class FedHydra(DataFreeDistillation):
         lambda2: float = 1.0  # adversarial loss (eq. 16)
         beta: float = 1.0  # hard-label CE of the server model (eq. 19)
         temperature: float = 1.0  # of the distillation KL (eq. 17)
-        aggregation: str = "stratified"  # stratified (SA) | mean (AE, Fig. 7)
+        # stratified (SA, eq. 8-11) | stratified_unscaled (SA without eq. 8) | mean (AE, Fig. 7)
+        aggregation: str = "stratified"
 
         def validate(self) -> None:
             super().validate()
-            if self.aggregation not in ("stratified", "mean"):
-                raise RaysimError(f"algorithm.aggregation must be stratified or mean, got '{self.aggregation}'")
+            if self.aggregation not in AGGREGATIONS:
+                raise RaysimError(
+                    f"algorithm.aggregation must be one of {', '.join(AGGREGATIONS)}, got '{self.aggregation}'"
+                )
             if self.stratify_steps < 2 or self.stratify_batch < 1:
                 raise RaysimError(
                     "algorithm.stratify_steps must be >= 2 (eq. 2 needs a loss curve) and algorithm.stratify_batch >= 1"
@@ -87,10 +96,16 @@ class FedHydra(DataFreeDistillation):
         over_clients, over_classes = normalise_over_clients(u), normalise_over_classes(u)
         r = torch.as_tensor(over_clients, dtype=torch.float32, device=ctx.device)
         c = torch.as_tensor(over_classes, dtype=torch.float32, device=ctx.device)
-        stratified = self.ensemble_accuracy(teachers, ctx, lambda logits, _: stratified_predict(logits, r, c))
-        given_label = self.ensemble_accuracy(teachers, ctx, lambda logits, y: stratified_logits(logits, y, r, c))
-        ctx.log.scalar("ensemble_accuracy_stratified", stratified)
-        ctx.log.scalar("ensemble_accuracy_stratified_given_label", given_label)
+        readings = {}
+        for suffix, scale in (("", c), ("_unscaled", None)):
+            readings[f"ensemble_accuracy_stratified{suffix}"] = self.ensemble_accuracy(
+                teachers, ctx, lambda logits, _, scale=scale: stratified_predict(logits, r, scale)
+            )
+            readings[f"ensemble_accuracy_stratified{suffix}_given_label"] = self.ensemble_accuracy(
+                teachers, ctx, lambda logits, y, scale=scale: stratified_logits(logits, y, r, scale)
+            )
+        for name, value in readings.items():
+            ctx.log.scalar(name, value)
         ranks = rank_against_predictions(u, self.test_logits(teachers, ctx).argmax(2), ctx.test_y)
         from raysim.plots import matrix_figure
 
@@ -100,8 +115,7 @@ class FedHydra(DataFreeDistillation):
         clients = sorted(state["clients"])
         report = {
             **state["report"],
-            "ensemble_accuracy_stratified": stratified,
-            "ensemble_accuracy_stratified_given_label": given_label,
+            **readings,
             "stratification": [[round(float(v), 6) for v in row] for row in over_classes],
             "stratification_scores": [[round(float(v), 6) for v in row] for row in u],  # u (eq. 2), before eq. 4-7
             "stratification_clients": clients,
@@ -117,7 +131,9 @@ class FedHydra(DataFreeDistillation):
             return lambda x, y: mean_logits(self.stacked_logits(teachers, x))
         device = next(teachers[0].parameters()).device
         r = torch.as_tensor(state["over_clients"], dtype=torch.float32, device=device)
-        c = torch.as_tensor(state["over_classes"], dtype=torch.float32, device=device)
+        c = None
+        if self.params.aggregation == "stratified":
+            c = torch.as_tensor(state["over_classes"], dtype=torch.float32, device=device)
         return lambda x, y: stratified_logits(self.stacked_logits(teachers, x), y, r, c)
 
     def generator_objective(self, state):

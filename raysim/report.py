@@ -151,6 +151,8 @@ ONE_SHOT_COLUMNS = {
     "ensemble_accuracy": "ensemble acc",
     "ensemble_accuracy_stratified": "SA ensemble acc",
     "ensemble_accuracy_stratified_given_label": "SA acc given label",
+    "ensemble_accuracy_stratified_unscaled": "SA w/o eq. 8 acc",
+    "ensemble_accuracy_stratified_unscaled_given_label": "SA w/o eq. 8 given label",
 }
 MAX_CLIENT_COLUMNS = 10
 

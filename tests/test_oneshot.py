@@ -151,6 +151,11 @@ def test_stratified_aggregation_follows_eq_8_to_11():
             row = stratified_logits(logits[:, i : i + 1], torch.tensor([cls]), rt, ct)
             assert torch.allclose(scores[i, cls], torch.log_softmax(row, 1)[0, cls], atol=1e-5)
     assert torch.allclose(weighted_logits(logits, torch.ones(3)), mean_logits(logits))
+    unscaled = stratified_logits(logits, y, rt, None)  # SA without eq. 8: sum_k U_r[y_i, k] * P_k(i, :)
+    for i in range(4):
+        assert torch.allclose(unscaled[i], sum(rt[k, y[i]] * logits[k, i] for k in range(3)), atol=1e-6)
+    assert torch.allclose(stratified_logits(logits, y, rt, torch.ones_like(ct)), unscaled)
+    assert torch.allclose(stratified_predict(logits, rt, None), stratified_predict(logits, rt, torch.ones_like(ct)))
 
 
 def test_loss_variation_is_eq_2():
@@ -259,6 +264,20 @@ def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypa
     assert server_series(runs["fedhydra"][1], "distill_loss") != server_series(dense_dir, "distill_loss")
 
 
+def test_sa_without_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_path, monkeypatch):
+    """`aggregation: stratified_unscaled` changes the teacher (no per-class scaling by U_c), nothing before
+    it: the same clients and u, so the same four test-set readings of SA, with and without eq. 8."""
+    runs, cache = six_methods
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
+    sa_summary, sa_dir = runs["fedhydra"]
+    summary, run_dir = run(tmp_path, "fedhydra-unscaled", **{"algorithm.aggregation": "stratified_unscaled"})
+    readings = [k for k in sa_summary if k.startswith("ensemble_accuracy_stratified")]
+    assert len(readings) == 4 and all(0 <= sa_summary[k] <= 1 for k in readings)
+    assert {k: summary[k] for k in readings} == {k: sa_summary[k] for k in readings}
+    assert summary["stratification_scores"] == sa_summary["stratification_scores"]
+    assert server_series(run_dir, "distill_loss") != server_series(sa_dir, "distill_loss")
+
+
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
     rows = {}
     for actors in (1, 2):
@@ -307,7 +326,7 @@ def test_one_shot_configuration_errors_are_one_clear_line():
         load_config(
             ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=feddf", "algorithm.distill_source=dataset"]
         )
-    with pytest.raises(RaysimError, match="aggregation must be stratified or mean"):
+    with pytest.raises(RaysimError, match="aggregation must be one of stratified, stratified_unscaled, mean"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.aggregation=median"])
     for method in ("dense", "coboosting", "feddf", "fedhydra"):
         with pytest.raises(RaysimError, match="algorithm.temperature must be > 0, got -1"):
