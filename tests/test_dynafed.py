@@ -95,6 +95,32 @@ def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
     assert all(g.sum(0).abs().max() < 1e-6 for g in grad)
 
 
+def test_the_plain_and_shift_invariant_losses_pull_the_synthetic_set_the_same_way():
+    """SGD on D_syn cannot move the shared row shift, so in the plain distance (eq. 3) it is a constant:
+    the two distances' gradients differ by one positive factor per segment (the ratio of denominators)."""
+    from raysim.condense.trajectory import _squared_gap, unrolled_training
+
+    model, trajectory = toy_trajectory()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    names = [n for n, _ in model.named_parameters()]
+    start, target = ({n: torch.as_tensor(w[n]) for n in names} for w in (trajectory[0], trajectory[-1]))
+    # an Adam-like target: every class row moved by the same vector
+    target["classifier.weight"] = target["classifier.weight"] + torch.randn(1, target["classifier.weight"].shape[1])
+    target["classifier.bias"] = target["classifier.bias"] + 2.0
+    x = torch.randn(8, 1, 4, 4, requires_grad=True)
+    y = torch.randn(8, 2, requires_grad=True)
+    step = torch.tensor(0.1, requires_grad=True)
+    end = unrolled_training(model, start, x, y, step, 4, 0, torch.Generator().manual_seed(0))
+    shift_free = classifier_names(model)
+    plain = torch.autograd.grad(normalised_distance(end, start, target), [x, y, step], retain_graph=True)
+    blind = torch.autograd.grad(normalised_distance(end, start, target, shift_free), [x, y, step])
+    factor = float(_squared_gap(start, target, shift_free) / _squared_gap(start, target, ()))
+    assert 0 < factor < 0.9  # the shift is a real part of this segment
+    for a, b in zip(plain, blind):
+        torch.testing.assert_close(a, factor * b, rtol=1e-4, atol=1e-9)
+
+
 def test_finetuning_can_keep_the_aggregated_batchnorm_statistics():
     from raysim.training import train_soft_labels as finetune
 
