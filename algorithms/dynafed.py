@@ -18,9 +18,9 @@ configs, as theirs. The trajectory holds w_0..w_L (L + 1 checkpoints).
 The distance is eq. 3's plain Euclidean one, as in the paper and the authors' code. With
 `shift_invariant: true` it ignores a shift shared by all classifier rows: such a shift changes no
 prediction and no SGD step on a cross-entropy loss makes one, so in the plain distance it is a constant
-that no synthetic set can reduce, and Adam clients move it steadily. It then holds up the matching loss
-and the Figure 6 distances, while the pull on D_syn is the same up to one factor per segment (tested),
-which under Adam reweights the segments.
+that no synthetic set can reduce, and Adam clients move it steadily. That constant keeps the plain
+matching loss and Figure 6 distances high; the pull on D_syn is the same up to one factor per segment
+(tested), which under Adam reweights the segments.
 One choice of ours, a parameter (false restores the authors' code):
 - finetune_keeps_bn_statistics (batch-norm models only; the configs use instance norm, as the
   authors): fine-tuning leaves batch norm's running statistics as aggregated from the clients' real

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.condense.trajectory import classifier_names, distance_after_training, normalised_distance, synthesize
+from raysim.condense.trajectory import (
+    as_tensors,
+    classifier_names,
+    distance_after_training,
+    normalised_distance,
+    synthesize,
+    trainable_names,
+)
 from raysim.models import build_model
 from raysim.tensors import module_weights
 
@@ -41,6 +48,11 @@ def toy_trajectory(steps=6):
         opt.step()
         trajectory.append(module_weights(model))
     return model, trajectory
+
+
+def checkpoint(model, weights):
+    """A trajectory checkpoint as the tensors an unrolled run starts from."""
+    return as_tensors(weights, trainable_names(model), "cpu")
 
 
 def test_trajectory_matching_reduces_the_distance_and_beats_noise():
@@ -78,8 +90,7 @@ def test_trajectory_matching_reduces_the_distance_and_beats_noise():
 
 def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
     model, trajectory = toy_trajectory()
-    names = [n for n, _ in model.named_parameters()]
-    start, target = ({n: torch.as_tensor(w[n]) for n in names} for w in (trajectory[0], trajectory[-1]))
+    start, target = checkpoint(model, trajectory[0]), checkpoint(model, trajectory[-1])
     shift_free = classifier_names(model)
     assert shift_free == ("classifier.weight", "classifier.bias")
     # Adding one vector to every class row of the classifier changes no prediction ...
@@ -103,8 +114,7 @@ def test_the_plain_and_shift_invariant_losses_pull_the_synthetic_set_the_same_wa
     model, trajectory = toy_trajectory()
     for p in model.parameters():
         p.requires_grad_(False)
-    names = [n for n, _ in model.named_parameters()]
-    start, target = ({n: torch.as_tensor(w[n]) for n in names} for w in (trajectory[0], trajectory[-1]))
+    start, target = checkpoint(model, trajectory[0]), checkpoint(model, trajectory[-1])
     # an Adam-like target: every class row moved by the same vector
     target["classifier.weight"] = target["classifier.weight"] + torch.randn(1, target["classifier.weight"].shape[1])
     target["classifier.bias"] = target["classifier.bias"] + 2.0
@@ -213,14 +223,13 @@ def test_every_unrolled_step_sees_the_whole_synthetic_set_with_per_image_augment
     model, trajectory = toy_trajectory()
     for p in model.parameters():
         p.requires_grad_(False)
-    names = [n for n, _ in model.named_parameters()]
-    start = {n: torch.as_tensor(trajectory[0][n]) for n in names}
+    start = checkpoint(model, trajectory[0])
     x = torch.randn(300, 1, 4, 4, requires_grad=True)
     labels = torch.zeros(300, 2, requires_grad=True)
     end = unrolled_training(
         model, start, x, labels, torch.tensor(0.1), steps=1, batch_size=0, generator=torch.Generator().manual_seed(0)
     )
-    (grad,) = torch.autograd.grad(sum((end[n] ** 2).sum() for n in names), x)
+    (grad,) = torch.autograd.grad(sum((w**2).sum() for w in end.values()), x)
     assert bool((grad.flatten(1).abs().sum(1) > 0).all())  # one step moved by every one of the 300 images
 
 
