@@ -14,7 +14,10 @@ parameters drawn per image; the inner loss is the soft cross-entropy averaged ov
 classes (their `kd_loss`), the units of their step size 0.04; Adam for images, labels and the step
 size itself; fine-tuning with Adam, DSA per image and the same loss. Clients keep their Adam state
 between rounds (`local.keep_optimizer: true` in the configs). The ConvNet uses instance norm in the
-configs, as theirs. The trajectory holds w_0..w_L (L + 1 checkpoints).
+configs, as theirs, and the configs normalise inputs with their fixed constants (`dataset.mean`,
+`dataset.std`; FMNIST with MNIST's). FedAvg weighs clients by size where their code averages them
+uniformly: on the balanced partition of their code (`dirichlet_balanced`) sizes differ by under 1%.
+The trajectory holds w_0..w_L (L + 1 checkpoints).
 The distance is eq. 3's plain Euclidean one, as in the paper and the authors' code. With
 `shift_invariant: true` it ignores a shift shared by all classifier rows: such a shift changes no
 prediction and no SGD step on a cross-entropy loss makes one, so in the plain distance it is a constant

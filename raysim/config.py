@@ -26,6 +26,10 @@ class DatasetConfig:
     name: str = "embedded"
     root: str | None = None  # folder in Parquet, torchvision or image-folder layout
     image_size: int | None = None  # resize image folders (DomainNet: 64)
+    # Per-channel input normalisation, (x / 255 - mean) / std. null: computed from the training split.
+    # Set both to reproduce a paper's fixed constants (DynaFed's code: FMNIST with MNIST's 0.1307/0.3081).
+    mean: list[float] | None = None
+    std: list[float] | None = None
 
 
 @dataclass
@@ -406,6 +410,15 @@ def validate(config: Config) -> None:
     need(
         config.local.optimizer in ("sgd", "adam"),
         f"local.optimizer must be sgd or adam, got '{config.local.optimizer}'",
+    )
+    d = config.dataset
+    need(
+        (d.mean is None) == (d.std is None),
+        "dataset.mean and dataset.std go together: set both (one value per channel) or neither",
+    )
+    need(
+        d.std is None or all(s > 0 for s in d.std),
+        f"dataset.std must be > 0 for every channel, got {d.std}",
     )
     need(config.eval.every >= 1, "eval.every must be >= 1")
     bad = [t for t in config.eval.targets if not 0 < t <= 1]

@@ -71,11 +71,25 @@ def prepare(config: Config) -> Experiment:
         )
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
-    mean, std = dataset.mean_std()
+    mean, std = normalisation(config, dataset)
     digest = data_digest(dataset, parts) if algorithm_class(config.algorithm["name"]).needs_data_digest else None
     return Experiment(
         config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes), spec, mean, std, digest
     )
+
+
+def normalisation(config: Config, dataset: ArrayDataset) -> tuple[np.ndarray, np.ndarray]:
+    """Per-channel mean and std: the config's fixed constants, else the training split's own."""
+    d = config.dataset
+    if d.mean is None:
+        return dataset.mean_std()
+    for key, values in (("mean", d.mean), ("std", d.std)):
+        if len(values) != dataset.channels:
+            raise RaysimError(
+                f"dataset.{key} has {len(values)} values but {d.name} has {dataset.channels} channel(s): "
+                "give one per channel"
+            )
+    return np.asarray(d.mean, dtype=np.float32), np.asarray(d.std, dtype=np.float32)
 
 
 def data_digest(dataset: ArrayDataset, parts: list[np.ndarray]) -> str:

@@ -65,6 +65,24 @@ def test_embedded_mean_std():
     assert 0.25 < mean[0] < 0.32 and 0.32 < std[0] < 0.38  # Fashion-MNIST: ~0.286 / ~0.353
 
 
+def test_fixed_normalisation_constants_replace_the_training_splits_own():
+    from raysim.config import load_config
+    from raysim.runner import prepare
+
+    quick = Path(__file__).resolve().parents[1] / "configs/quickstart.yaml"
+    own = prepare(load_config(quick, []))
+    assert abs(own.mean[0] - 0.286) < 0.03  # the embedded FMNIST split's own
+    fixed = prepare(load_config(quick, ["dataset.mean=[0.1307]", "dataset.std=[0.3081]"]))
+    assert fixed.mean.dtype == np.float32 and fixed.mean.tolist() == pytest.approx([0.1307])
+    assert fixed.std.tolist() == pytest.approx([0.3081])
+    with pytest.raises(RaysimError, match=r"dataset.mean has 3 values but embedded has 1 channel"):
+        prepare(load_config(quick, ["dataset.mean=[0.5,0.5,0.5]", "dataset.std=[0.2,0.2,0.2]"]))
+    with pytest.raises(RaysimError, match="dataset.mean and dataset.std go together"):
+        load_config(quick, ["dataset.mean=[0.5]"])
+    with pytest.raises(RaysimError, match="dataset.std must be > 0"):
+        load_config(quick, ["dataset.mean=[0.5]", "dataset.std=[0]"])
+
+
 def test_cache_hit_returns_identical_arrays(monkeypatch):
     first = load_dataset("embedded")
     assert load_dataset("embedded") is first  # in-process memo

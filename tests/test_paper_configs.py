@@ -192,6 +192,21 @@ def test_dynafed_paper_scale_settings(path):
     assert (alg["finetune_epochs"], alg["finetune_lr"]) == (epochs, lr)
 
 
+# The authors' data.py normalises with fixed constants: FMNIST with MNIST's, CIFAR-100 with CIFAR-10's.
+DYNAFED_NORMALISATION = {
+    "fashion_mnist": ([0.1307], [0.3081]),
+    "cifar10": ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+    "cifar100": ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010]),
+    "cinic10": ([0.47889522, 0.47227842, 0.43047404], [0.24205776, 0.23828046, 0.25874835]),
+}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs/dynafed").glob("*.yaml")), ids=rel)
+def test_dynafed_configs_normalise_inputs_with_the_authors_constants(path):
+    config = load(path)
+    assert (config.dataset.mean, config.dataset.std) == DYNAFED_NORMALISATION[config.dataset.name]
+
+
 @pytest.mark.parametrize(
     "pair", [("dynafed/cifar10_cpu", "fedavg/cifar10_80c_cpu"), ("dynafed/fmnist_mlp_cpu", "fedavg/fmnist_mlp_80c_cpu")]
 )
