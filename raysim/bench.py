@@ -366,9 +366,15 @@ def condense(opts: dict) -> None:
 
 
 def main(which: str, extra: list[str]) -> int:
-    from raysim import bench_determinism
+    from raysim import bench_determinism, bench_trajectory
 
-    opts = dict({"condense": CONDENSE_DEFAULTS, "determinism": bench_determinism.DEFAULTS}.get(which, DEFAULTS))
+    opts = dict(
+        {
+            "condense": CONDENSE_DEFAULTS,
+            "determinism": bench_determinism.DEFAULTS,
+            "trajectory": bench_trajectory.DEFAULTS,
+        }.get(which, DEFAULTS)
+    )
     for text in extra:
         key, _, value = text.partition("=")
         if key not in opts or not value:
@@ -380,4 +386,6 @@ def main(which: str, extra: list[str]) -> int:
         condense(opts)
     elif which == "determinism":
         bench_determinism.determinism(opts)
+    elif which == "trajectory":
+        bench_trajectory.trajectory(opts)
     return 0

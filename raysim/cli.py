@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=_cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")
-    bench.add_argument("which", choices=["overhead", "condense", "determinism"])
+    bench.add_argument("which", choices=["overhead", "condense", "determinism", "trajectory"])
     bench.add_argument("extra", nargs="*", help="key=value options of the benchmark")
     bench.set_defaults(func=_cmd_bench)
     return parser

@@ -16,6 +16,7 @@ from raysim.condense.trajectory import (
     synthesize,
     trainable_names,
 )
+from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.tensors import module_weights
 
@@ -288,3 +289,18 @@ def test_an_unknown_syn_only_optimizer_is_one_clear_error():
             "configs/quickstart.yaml",
             tiny_overrides(**{"algorithm.name": "dynafed", "algorithm.syn_only_optimizer": "lbfgs"}),
         )
+
+
+def test_bench_trajectory_times_synthesis_and_repeats_it_bit_for_bit(capsys):
+    from raysim.bench import main
+    from raysim.bench_trajectory import DEFAULTS, trajectory
+
+    small = {"cases": "fmnist_mlp,cifar10_convnet", "ipc": "2", "inner_steps": "2", "width": "8", "iterations": "1"}
+    results = trajectory({**DEFAULTS, **small, "device": "cpu"})
+    assert {r["images"] for r in results.values()} == {20}
+    assert all(r["repeat_bit_equal"] and r["s_per_iteration"] > 0 for r in results.values())
+    assert "repeat bit-equal: yes" in capsys.readouterr().out
+    with pytest.raises(RaysimError, match="unknown cases"):
+        main("trajectory", ["cases=cifar10_resnet"])
+    with pytest.raises(RaysimError, match="syn_batch=-1 out of range"):
+        main("trajectory", ["syn_batch=-1"])
