@@ -93,6 +93,10 @@ class DynaFed(FedAvg):
         ipc: int = 15  # synthetic images per class (|D_syn| = ipc x classes)
         iterations: int = 3000  # N: synthesis iterations
         syn_batch: int = 0  # images per unrolled step; 0: all of D_syn (authors' code)
+        # true: hold one unrolled step's graph at a time and rebuild each during the backward pass (same
+        # gradients to float rounding, memory of 1 step instead of s', about one more pass per step);
+        # the way to the authors' whole-set steps where they do not fit in GPU memory (CIFAR-100).
+        recompute_steps: bool = False
         image_lr: float = 0.05  # Adam
         label_lr: float = 0.01  # Adam
         label_init: float = 0.0  # initial logit of each image's own class (0: equal probabilities)
@@ -216,6 +220,7 @@ class DynaFed(FedAvg):
             augment=augment,
             shift_free=self.shift_free(ctx),
             target_average_max=p.target_average_max,
+            recompute=p.recompute_steps,
         )
         out = {
             "syn_x": x.cpu().numpy(),

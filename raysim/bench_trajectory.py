@@ -6,8 +6,9 @@ bench runs it as DynaFed does (DSA per image, soft labels, learnable step size) 
 trajectory of 21 checkpoints - the checkpoints' values do not change the cost, so it needs neither data
 nor Ray - on the GPU when torch sees one, and prints for each case the seconds per iteration, the peak
 GPU memory, and whether two runs from one seed give the same synthetic set bit for bit. A case that
-does not fit in memory is reported, not raised; `syn_batch` (images per unrolled step) is the setting
-that trades time for memory.
+does not fit in memory is reported, not raised; `recompute=true` (one unrolled step's graph at a time,
+the same gradients) and `syn_batch` (fewer images per unrolled step, another algorithm) trade time
+for memory.
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from pathlib import Path
 from raysim.errors import RaysimError
 
 DEFAULTS = {
-    # cifar100_convnet is asked for by name: at the whole set (1500 images) it needs about 86 GiB, which
-    # on a CPU is the machine's memory (a crash, not an error) and on most GPUs more than they have.
+    # cifar100_convnet is asked for by name: at the whole set (1500 images), without recompute, it needs
+    # about 86 GiB, which on a CPU is the machine's memory (a crash, not an error) and on most GPUs more
+    # than they have.
     "cases": "fmnist_mlp,cifar10_convnet",
     "ipc": "15",  # the authors' images per class
     "inner_steps": "20",  # s'
     "syn_batch": "0",  # 0: the whole synthetic set in every unrolled step (the authors' code)
     "width": "128",  # ConvNet channels (the paper's ConvNet-128)
     "iterations": "3",  # timed iterations per case, after one warm-up iteration
+    "recompute": "false",  # true: one unrolled step's graph at a time (algorithm.recompute_steps)
     "deterministic": "true",  # on CUDA: deterministic kernels, as raysim's default
     "device": "auto",  # auto (CUDA when available), cuda or cpu
     "out": "",  # also write the results as JSON to this file
@@ -38,6 +41,7 @@ CASES = {
     "cifar10_convnet": ("convnet", 3, 32, 10),
     "cifar100_convnet": ("convnet", 3, 32, 100),
 }
+SWITCHES = ("recompute", "deterministic")
 CHECKPOINTS = 21  # w_0..w_L with L = 20
 HORIZON = 5
 
@@ -52,13 +56,14 @@ def _options(opts: dict) -> dict:
     except ValueError as exc:
         raise RaysimError(f"bench trajectory: {exc}; ipc, inner_steps, syn_batch, width, iterations are integers")
     small = [k for k, v in numbers.items() if v < (0 if k == "syn_batch" else 1)]
-    if small or opts["deterministic"] not in ("true", "false") or opts["device"] not in ("auto", "cuda", "cpu"):
+    switches = [k for k in SWITCHES if opts[k] not in ("true", "false")]
+    if small or switches or opts["device"] not in ("auto", "cuda", "cpu"):
         raise RaysimError(
-            f"bench trajectory: {', '.join(f'{k}={opts[k]}' for k in small) or 'options'} out of range: give "
-            "ipc, inner_steps, width, iterations >= 1, syn_batch >= 0, deterministic true or false, "
-            "device auto, cuda or cpu"
+            f"bench trajectory: {', '.join(f'{k}={opts[k]}' for k in small + switches) or 'options'} out of range: "
+            "give ipc, inner_steps, width, iterations >= 1, syn_batch >= 0, recompute and deterministic true or "
+            "false, device auto, cuda or cpu"
         )
-    return {**numbers, "cases": names, "deterministic": opts["deterministic"] == "true", "device": opts["device"]}
+    return {**numbers, "cases": names, "device": opts["device"], **{k: opts[k] == "true" for k in SWITCHES}}
 
 
 def _device(choice: str):
@@ -115,6 +120,7 @@ def _case(name: str, o: dict, device) -> dict:
             step_size_lr=1e-5,
             generator=torch.Generator().manual_seed(2),
             augment=augmentation(True),
+            recompute=o["recompute"],
         )
 
     def synchronise():
@@ -154,7 +160,8 @@ def trajectory(opts: dict) -> dict[str, dict]:
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"
     print(
         f"trajectory matching on {where} (torch {torch.__version__}, deterministic={str(o['deterministic']).lower()}): "
-        f"s' = {o['inner_steps']}, ipc {o['ipc']}, syn_batch {o['syn_batch'] or 'all'}, ConvNet width "
+        f"s' = {o['inner_steps']}, ipc {o['ipc']}, syn_batch {o['syn_batch'] or 'all'}, "
+        f"recompute={str(o['recompute']).lower()}, ConvNet width "
         f"{o['width']}, {o['iterations']} timed iterations",
         flush=True,
     )
@@ -162,7 +169,7 @@ def trajectory(opts: dict) -> dict[str, dict]:
     for name in o["cases"]:
         r = results[name] = _case(name, o, device)
         if "out_of_memory" in r:
-            line = f"out of memory ({r['out_of_memory']}): lower syn_batch"
+            line = f"out of memory ({r['out_of_memory']}): set recompute=true or lower syn_batch"
         else:
             memory = f", peak GPU memory {r['peak_gib']:.2f} GiB" if "peak_gib" in r else ""
             line = (

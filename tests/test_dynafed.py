@@ -304,3 +304,71 @@ def test_bench_trajectory_times_synthesis_and_repeats_it_bit_for_bit(capsys):
         main("trajectory", ["cases=cifar10_resnet"])
     with pytest.raises(RaysimError, match="syn_batch=-1 out of range"):
         main("trajectory", ["syn_batch=-1"])
+    with pytest.raises(RaysimError, match="recompute=yes out of range"):
+        main("trajectory", ["recompute=yes"])
+
+
+class SavedTensorBytes:
+    """The bytes autograd holds for backward passes at any moment, and their peak: every saved tensor
+    is counted from when a graph saves it until that graph is freed."""
+
+    def __init__(self):
+        self.live = self.peak = 0
+
+    def pack(self, tensor):
+        size = tensor.numel() * tensor.element_size()
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        return _Held(tensor, size, self)
+
+    @staticmethod
+    def unpack(held):
+        return held.tensor
+
+
+class _Held:
+    def __init__(self, tensor, size, counter):
+        self.tensor, self.size, self.counter = tensor, size, counter
+
+    def __del__(self):
+        self.counter.live -= self.size
+
+
+@pytest.mark.parametrize("batch_size", [0, 5])
+def test_recomputed_unrolled_steps_give_the_same_gradients_holding_one_steps_graph(batch_size):
+    """recompute_steps: the same loss and gradients for images, labels and step size as differentiating
+    through all s' steps at once (DSA per image, a batch-norm ConvNet, whole set or batches), with a
+    fraction of the memory autograd holds."""
+    from algorithms.dynafed import augmentation
+    from raysim.condense.trajectory import MIN_STEP_SIZE, matching_gradients_recomputed, unrolled_training
+
+    torch.manual_seed(0)
+    model = build_model("convnet", in_channels=1, num_classes=3, image_size=8, width=4, depth=1, norm="batchnorm")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    target = {n: w + 0.05 * torch.randn_like(w) for n, w in start.items()}
+    x = torch.randn(9, 1, 8, 8, requires_grad=True)
+    labels = torch.randn(9, 3, requires_grad=True)
+    step = torch.tensor(0.1, requires_grad=True)
+    steps, augment = 6, augmentation(True)
+    held = {}
+    for recompute in (False, True):
+        counter = SavedTensorBytes()
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            run = (steps, batch_size, torch.Generator().manual_seed(3), augment)
+            if recompute:
+                loss = matching_gradients_recomputed(model, start, target, x, labels, step, *run)
+            else:
+                end = unrolled_training(model, start, x, labels, step.clamp_min(MIN_STEP_SIZE), *run)
+                loss = normalised_distance(end, start, target)
+                loss.backward()
+                loss = float(loss.detach())
+        held[recompute] = (loss, [t.grad.clone() for t in (x, labels, step)], counter.peak)
+        x.grad = labels.grad = step.grad = None
+    (loss_all, grads_all, peak_all), (loss_one, grads_one, peak_one) = held[False], held[True]
+    assert loss_one == pytest.approx(loss_all, rel=1e-6)
+    for a, b in zip(grads_all, grads_one):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6 * float(a.abs().max()))
+    assert peak_one < peak_all / 3  # one step's graph at a time instead of six

@@ -7,6 +7,14 @@ size); the loss is the normalised distance of the end point to the target checkp
 differentiated through every unrolled step. Only the current parameters of the inner
 run are held (autograd keeps what the backward pass needs, nothing more): no copy of
 the trajectory is made per step.
+
+That backward pass holds the graph of all s' steps, each a gradient taken with its own graph kept,
+so memory grows with s' x |batch| x the model's activations. `recompute=True` trades time for it:
+the forward pass keeps only each step's weights (and its batch and augmentation draw), and the
+backward pass rebuilds one step's graph at a time, from the last step to the first, carrying the
+gradient with respect to that step's weights (reverse-mode through the unrolled loop, as gradient
+checkpointing does for layers). The memory is one step's instead of s' steps', at the cost of one
+more plain forward-and-backward pass per step; the gradients are the same to float rounding (tested).
 """
 
 from __future__ import annotations
@@ -67,26 +75,80 @@ def unrolled_training(
     for _ in range(steps):
         if not differentiable:
             params = {n: p.requires_grad_(True) for n, p in params.items()}
-        xb, yb = _batch(x, label_logits, next(batches), augment, generator)
-        loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
-        grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=differentiable)
-        params = {n: params[n] - step_size * g for n, g in zip(names, grads)}
+        xb, yb = _batch(x, label_logits, _draw(batches, augment, generator), augment)
+        params = _sgd_step(model, params, names, xb, yb, step_size, create_graph=differentiable)
         if not differentiable:
             params = {n: p.detach() for n, p in params.items()}
     return params
 
 
+def _sgd_step(model, params, names, xb, yb, step_size, create_graph: bool) -> dict[str, torch.Tensor]:
+    loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
+    grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
+    return {n: params[n] - step_size * g for n, g in zip(names, grads)}
+
+
+Draw = tuple[torch.Tensor | None, int | None]  # a step's batch indices (None: all) and augmentation seed
+
+
+def _draw(batches: Iterator[torch.Tensor | None], augment: Augment | None, generator: torch.Generator) -> Draw:
+    idx = next(batches)
+    return idx, (int(torch.randint(2**31 - 1, (1,), generator=generator)) if augment is not None else None)
+
+
 def _batch(
-    x: torch.Tensor,
-    label_logits: torch.Tensor,
-    idx: torch.Tensor | None,
-    augment: Augment | None,
-    generator: torch.Generator,
+    x: torch.Tensor, label_logits: torch.Tensor, draw: Draw, augment: Augment | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    idx, seed = draw
     xb, yb = (x, label_logits) if idx is None else (x[idx.to(x.device)], label_logits[idx.to(x.device)])
     if augment is not None:
-        xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
+        xb = augment(xb, seed)
     return xb, yb
+
+
+def matching_gradients_recomputed(
+    model: torch.nn.Module,
+    start: dict[str, torch.Tensor],
+    target: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    label_logits: torch.Tensor,
+    step_size: torch.Tensor,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator,
+    augment: Augment | None = None,
+    shift_free: tuple[str, ...] = (),
+) -> float:
+    """The matching loss of `s'` unrolled steps from `start`, with its gradients accumulated into
+    x.grad, label_logits.grad and step_size.grad, holding one step's graph at a time (module
+    docstring). Draws from `generator` in the same order as `unrolled_training`."""
+    names = list(start)
+    batches = inner_batches(len(x), batch_size, generator)
+    draws, weights = [], [start]
+    with torch.no_grad():
+        step_value = step_size.clamp_min(MIN_STEP_SIZE)
+    for _ in range(steps):
+        draws.append(_draw(batches, augment, generator))
+        with torch.no_grad():
+            xb, yb = _batch(x, label_logits, draws[-1], augment)
+        params = {n: w.detach().requires_grad_(True) for n, w in weights[-1].items()}
+        weights.append({n: w.detach() for n, w in _sgd_step(model, params, names, xb, yb, step_value, False).items()})
+    end = {n: w.requires_grad_(True) for n, w in weights[-1].items()}
+    loss = normalised_distance(end, start, target, shift_free)
+    adjoint = torch.autograd.grad(loss, [end[n] for n in names])  # d loss / d w_{i+1}, from the last step down
+    leaves = (x, label_logits, step_size)
+    for i in reversed(range(steps)):
+        params = {n: w.requires_grad_(True) for n, w in weights[i].items()}
+        xb, yb = _batch(x, label_logits, draws[i], augment)
+        new = _sgd_step(model, params, names, xb, yb, step_size.clamp_min(MIN_STEP_SIZE), create_graph=True)
+        inputs = [*leaves, *([params[n] for n in names] if i > 0 else [])]
+        grads = torch.autograd.grad([new[n] for n in names], inputs, grad_outputs=adjoint, allow_unused=True)
+        for leaf, g in zip(leaves, grads):
+            if g is not None:
+                leaf.grad = g if leaf.grad is None else leaf.grad + g
+        adjoint = grads[len(leaves) :]
+        weights[i + 1] = None  # this step's weights are no longer needed
+    return float(loss.detach())
 
 
 def classifier_names(model: torch.nn.Module) -> tuple[str, ...]:
@@ -162,9 +224,11 @@ def synthesize(
     augment: Augment | None = None,
     shift_free: tuple[str, ...] = (),
     target_average_max: int | None = None,
+    recompute: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, float, list[float]]:
     """DynaFed's DataSyn (Algorithm 1): optimise images and soft labels so that s' steps on them
-    from w_t land near w_{t+s}. Returns the images, label logits, final step size and the losses."""
+    from w_t land near w_{t+s}. Returns the images, label logits, final step size and the losses.
+    recompute: hold one unrolled step's graph at a time (module docstring)."""
     if len(trajectory) <= horizon:
         raise ValueError(f"trajectory of {len(trajectory)} checkpoints is too short for horizon s={horizon}")
     model.train()
@@ -182,14 +246,20 @@ def synthesize(
     losses = []
     for _ in range(iterations):
         start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
-        end = unrolled_training(
-            model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size, generator, augment
-        )
-        loss = normalised_distance(end, start, target, shift_free)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if recompute:
+            loss = matching_gradients_recomputed(
+                model, start, target, x, y, step, inner_steps, batch_size, generator, augment, shift_free
+            )
+        else:
+            end = unrolled_training(
+                model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size, generator, augment
+            )
+            loss = normalised_distance(end, start, target, shift_free)
+            loss.backward()
+            loss = float(loss.detach())
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(loss)
     return x.detach(), y.detach(), max(float(step.detach()), MIN_STEP_SIZE), losses
 
 
