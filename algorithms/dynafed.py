@@ -122,6 +122,9 @@ class DynaFed(FedAvg):
         syn_only_optimizer: str = "sgd"
         syn_only_epochs: int = 500
         syn_only_repeats: int = 3  # trainings from the same initial model, averaged (authors' code: 3)
+        # Seed of the synthesis alone (initial noise, segments, augmentations); None: the run's seed.
+        # Another value keeps the federation and its trajectory and redraws only D_syn's randomness.
+        synthesis_seed: int | None = None
 
         def validate(self):
             for name in (
@@ -194,7 +197,8 @@ class DynaFed(FedAvg):
 
     def synthesize(self, trajectory, ctx) -> dict:
         p, c = self.params, ctx.num_classes
-        g = torch_generator(self.config.seed, SERVER, "dynafed-synthesis")
+        seed = self.config.seed if p.synthesis_seed is None else p.synthesis_seed
+        g = torch_generator(seed, SERVER, "dynafed-synthesis")
         shape = (c * p.ipc, ctx.spec.in_channels, ctx.spec.image_size, ctx.spec.image_size)
         images = torch.randn(shape, generator=g).to(ctx.device)
         # ipc images per class, in class order; their soft labels start at label_init x one-hot (the paper:

@@ -165,6 +165,27 @@ def test_a_dynafed_run_records_diagnostics_and_is_the_same_in_process_or_on_two_
     assert "dynafed/synthetic_images" in events.Tags()["images"]  # D_syn as an image grid
 
 
+def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
+    """synthesis_seed separates the spread the synthesis adds from the federation's: the same rounds up
+    to L, another D_syn; the run's own seed is the default."""
+    from raysim.outputs.state_files import read_checkpoint
+    from tests.test_algorithms import final_weights, server_values
+
+    base, base_dir = run_tiny(**TINY)
+    same, same_dir = run_tiny(**TINY, **{"algorithm.synthesis_seed": 0})  # the quickstart's seed
+    other, other_dir = run_tiny(**TINY, **{"algorithm.synthesis_seed": 7})
+
+    def d_syn(run_dir):
+        return read_checkpoint(run_dir)["state"]["syn_x"]
+
+    assert np.array_equal(d_syn(same_dir), d_syn(base_dir)) and same["final_accuracy"] == base["final_accuracy"]
+    assert not np.allclose(d_syn(other_dir), d_syn(base_dir))
+    up_to_synthesis = TINY["algorithm.trajectory_rounds"]  # round L's model is the aggregate, before fine-tuning
+    assert server_values(other_dir)[:up_to_synthesis] == server_values(base_dir)[:up_to_synthesis]
+    other_weights, base_weights = final_weights(other_dir), final_weights(base_dir)
+    assert any(not np.array_equal(other_weights[k], base_weights[k]) for k in base_weights)
+
+
 def test_horizon_longer_than_the_trajectory_is_one_clear_error():
     from raysim.config import load_config
     from raysim.errors import RaysimError
