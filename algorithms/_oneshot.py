@@ -23,14 +23,21 @@ partition, models, local settings and seed; the numbers are identical with and w
 metrics.parquet; `client_accuracy` and `best_client_accuracy` in summary.json) and the average-logit
 ensemble's (`ensemble_accuracy`).
 
-**Choices where the papers are silent**, all parameters: the distillation optimiser (SGD, lr 0.01,
-momentum 0.9: the paper's server setting; its state is kept across epochs), the image pool is
-cleared at each client round (new teachers label differently), `pool_size` 0 keeps every image as
-the authors' code does.
+**Each method as its authors' code runs it.** The keys are shared, so one config runs all six, but
+each method's defaults are its own code's where the code decides something: the distillation
+optimiser and its learning rate, schedule and gradient clipping (`kd_*`), the augmentation in each
+phase (`synthesis_augment`, `distill_augment`: `auto` is the method's code on the run's dataset),
+the loss weights and reductions (each module's docstring says which, and what the paper says
+where it differs). A config that sets one of these keys sets it for every method it runs.
+
+**Choices where the papers are silent**, all parameters: the image pool is cleared at each client
+round (new teachers label differently), `pool_size` 0 keeps every image as the authors' code does,
+the optimiser's state is kept across the epochs of a global round.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +48,7 @@ from raysim import client_cache
 from raysim.algorithm import Algorithm, ClientData, Context, Reply
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed, torch_generator
+from raysim.synthesis.augment import AUGMENTATIONS
 from raysim.synthesis.datafree import add_to_pool, distill_epoch, synthesize
 from raysim.synthesis.ensemble import mean_logits
 from raysim.synthesis.generator import Generator
@@ -63,18 +71,35 @@ class OneShotParams:
     pool_size: int = 0  # newest images kept in the pool; 0 keeps all (the authors)
     stratify_steps: int = 20  # FedHydra's model stratification: generator steps per (client, class) ...
     stratify_batch: int = 256  # ... and its batch (the authors' code)
-    augment: bool = True  # random crop (pad 4) + horizontal flip of synthetic images
+    # augmentation of synthetic (or transfer) images: crop_flip | flip | none, or auto: as the
+    # method's authors' code does on this dataset (each method's docstring); `augment: false` turns
+    # every augmentation off (FedHydra's stratification included)
+    augment: bool = True
+    synthesis_augment: str = "auto"  # what the ensemble and the student see while the generator trains
+    distill_augment: str = "auto"  # what they see of the pool during distillation
+    generator_grad_clip: float = 0.0  # > 0: the generator's gradient norm is clipped to it
     # distillation into the server model
     kd_batch: int = 256
+    kd_optimizer: str = "sgd"  # sgd | adam
     kd_lr: float = 0.01
-    kd_momentum: float = 0.9
+    kd_momentum: float = 0.9  # sgd only
     kd_weight_decay: float = 0.0
+    kd_schedule: str = "constant"  # constant | cosine (annealed to 0 over a global round's epochs)
+    kd_grad_clip: float = 0.0  # > 0: the student's gradient norm is clipped to it
 
     def validate(self) -> None:
         for key in ("global_rounds", "nz", "ngf", "synthesis_batch", "kd_batch"):
             if getattr(self, key) < 1:
                 raise RaysimError(f"algorithm.{key} must be >= 1, got {getattr(self, key)}")
-        for key in ("generator_steps", "pool_size"):
+        for key, allowed in (
+            ("synthesis_augment", (*AUGMENTATIONS, "auto")),
+            ("distill_augment", (*AUGMENTATIONS, "auto")),
+            ("kd_optimizer", ("sgd", "adam")),
+            ("kd_schedule", ("constant", "cosine")),
+        ):
+            if getattr(self, key) not in allowed:
+                raise RaysimError(f"algorithm.{key} must be one of {', '.join(allowed)}, got '{getattr(self, key)}'")
+        for key in ("generator_steps", "pool_size", "generator_grad_clip", "kd_grad_clip", "kd_weight_decay"):
             if getattr(self, key) < 0:
                 raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
         # `temperature`: the distillation KL's, for the methods that have one (DENSE, Co-Boosting, FedDF, FedHydra)
@@ -279,7 +304,7 @@ class DataFreeDistillation(OneShot):
     def distillation_loss(self, state: dict[str, Any]) -> Callable:
         raise NotImplementedError
 
-    def before_distillation(self, state, teachers, ctx, epoch: int) -> dict[str, Any]:
+    def before_distillation(self, state, teachers, ctx, epoch: int, round_index: int) -> dict[str, Any]:
         """A hook after synthesis, before the student's pass (Co-Boosting re-weights its ensemble)."""
         return state
 
@@ -288,6 +313,16 @@ class DataFreeDistillation(OneShot):
         return None
 
     # the loop ------------------------------------------------------------
+    def authors_augmentation(self, phase: str, dataset: str) -> str:
+        """`auto` for `phase` (synthesis | distill) on `dataset`: the method's authors' choice."""
+        return "crop_flip"
+
+    def augmentation(self, phase: str) -> str:
+        if not self.params.augment:
+            return "none"
+        mode = getattr(self.params, f"{phase}_augment")
+        return self.authors_augmentation(phase, self.config.dataset.name) if mode == "auto" else mode
+
     def to_input(self, ctx: Context) -> Callable[[torch.Tensor], torch.Tensor]:
         mean = torch.as_tensor(ctx.mean, dtype=torch.float32, device=ctx.device).view(1, -1, 1, 1)
         std = torch.as_tensor(ctx.std, dtype=torch.float32, device=ctx.device).view(1, -1, 1, 1)
@@ -301,15 +336,30 @@ class DataFreeDistillation(OneShot):
             )
         return self._generator
 
-    def student(self, state, ctx: Context) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    def kd_learning_rate(self, state: dict[str, Any], epoch: int) -> float:
+        """The student's learning rate in distillation epoch `epoch` (from 1) of a global round:
+        kd_lr, or with `kd_schedule: cosine` annealed as torch's CosineAnnealingLR stepped once per
+        epoch over the round's epochs (Co-Boosting's code)."""
+        p = self.params
+        if p.kd_schedule == "constant":
+            return p.kd_lr
+        epochs = max(state["rounds_per_global"] - 1, 1)
+        return p.kd_lr * 0.5 * (1.0 + math.cos(math.pi * min(epoch - 1, epochs) / epochs))
+
+    def student(self, state, ctx: Context, epoch: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         student = ctx.model("student")
         load_weights(student, state["weights"])
         p = self.params
-        optimizer = torch.optim.SGD(
-            student.parameters(), lr=p.kd_lr, momentum=p.kd_momentum, weight_decay=p.kd_weight_decay
-        )
+        if p.kd_optimizer == "adam":
+            optimizer = torch.optim.Adam(student.parameters(), lr=p.kd_lr, weight_decay=p.kd_weight_decay)
+        else:
+            optimizer = torch.optim.SGD(
+                student.parameters(), lr=p.kd_lr, momentum=p.kd_momentum, weight_decay=p.kd_weight_decay
+            )
         if state.get("kd_optimizer") is not None:
             optimizer.load_state_dict(state["kd_optimizer"])
+        for group in optimizer.param_groups:
+            group["lr"] = self.kd_learning_rate(state, epoch)
         return student, optimizer
 
     def new_images(self, state, teachers, student, ctx: Context, round_index: int) -> dict[str, float]:
@@ -328,17 +378,19 @@ class DataFreeDistillation(OneShot):
             lr=p.generator_lr,
             bn_weight=self.bn_weight(),
             seed=derive_seed(self.config.seed, SERVER, round_index),
-            augment=p.augment,
+            augment=self.augmentation("synthesis"),
+            grad_clip=p.generator_grad_clip,
         )
         state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
+        state["pool_added"] = len(result.targets)  # the newest images (Co-Boosting re-weights on the others)
         return {"generator_loss": result.loss, "bn_loss": result.bn_loss}
 
     def distill(self, state, round_index, epoch, ctx):
         state = dict(state)
         teachers = self.teachers(state, ctx)
-        student, optimizer = self.student(state, ctx)
+        student, optimizer = self.student(state, ctx, epoch)
         scalars = self.new_images(state, teachers, student, ctx, round_index)
-        state = self.before_distillation(state, teachers, ctx, epoch)
+        state = self.before_distillation(state, teachers, ctx, epoch, round_index)
         g = torch_generator(self.config.seed, SERVER, round_index, "distill")
         stats = distill_epoch(
             student,
@@ -350,9 +402,11 @@ class DataFreeDistillation(OneShot):
             self.to_input(ctx),
             batch=self.params.kd_batch,
             generator=g,
-            augment=self.params.augment,
+            augment=self.augmentation("distill"),
             perturb=self.perturbation(state, teachers, ctx, g),
+            grad_clip=self.params.kd_grad_clip,
         )
+        scalars["kd_lr"] = optimizer.param_groups[0]["lr"]
         for name, value in {**scalars, "distill_loss": stats.mean_loss, "pool_images": len(state["pool_y"])}.items():
             ctx.log.scalar(name, value)
         state["weights"] = module_weights(student)

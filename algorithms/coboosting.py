@@ -5,15 +5,22 @@ After the one-shot client stage (algorithms/_oneshot.py), each distillation epoc
    mean((1 - p_y)^hs CE(E(x), y)) of the *weighted* ensemble E = sum_k w_k f_k / sum_k w_k, minus
    adv_weight times the unmasked student-teacher KL at temperature 3 (x T^2), plus bn_weight L_BN
    (0 by default, as the authors run it);
-2. ensemble re-weighting (from the second epoch): over the whole pool,
-   w <- w - mu wdc^(epoch-1) sign(grad_w CE(E(x), y)), then w - w_init clipped to [-1, 1] and w to [0, 1];
+2. ensemble re-weighting (from the second epoch), over the pool as it was before this epoch's
+   images, shuffled into batches of kd_batch: one sign step per batch,
+   w <- w - mu wdc^(epoch-1) sign(grad_w CE(E(x), y)), then w - w_start clipped to [-1, 1] and w to
+   [0, 1] (w_start: the weights when the epoch's re-weighting began);
 3. distillation: each pool batch is moved by one ODS step (x + eta sign(grad_x r . softmax(E(x)/4)),
    r ~ U(-1, 1)) and the server model minimises T^2 KL at T = 4.
-Defaults: the authors' script (hs 1, mu 0.01, wdc 0.99, ODS 8/255 of the pixel range, T 4, adv 1,
-bn 0). Their distillation also uses weight decay 1e-4 and a cosine schedule; here every method
-shares one distillation optimiser (kd_*), so that the comparison changes one thing at a time.
-The learned weights are in summary.json (`ensemble_weights`). ODS's eta is in pixel units, so it
-is divided by the data's standard deviation to act on normalised inputs.
+As the authors' code runs it (rong-dai/Co-Boosting@b95d715, `co_boosting.sh` and `datafree_kd.py`):
+hs 1, mu 0.01, wdc 0.99, T 4, adv 1, bn 0; one sign step of the weights per pool batch (so they
+can reach their clamps within an epoch); ODS step 8/255 on inputs normalised with std 0.5, which
+is 4/255 in pixels (`ods_eta` is in pixels and divided by the data's std here, so the step in
+pixels is theirs whatever the normalisation); distillation SGD lr 0.01, momentum 0.9, weight decay
+1e-4, cosine schedule over the epochs; gradient norms clipped at 10 for the student and the
+generator; no augmentation of the generator's images during synthesis, and on the pooled images
+crop + flip for CIFAR datasets and none for the others (their transforms). Their clients also clip
+at 10 in local training; here the client stage is shared by all six methods and does not clip.
+The learned weights are in summary.json (`ensemble_weights`).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from algorithms._oneshot import DataFreeDistillation, OneShotParams
+from raysim.seeding import SERVER, torch_generator
+from raysim.synthesis.augment import augment_images
 from raysim.synthesis.ensemble import weighted_logits
 from raysim.synthesis.losses import adversarial_loss, distillation_loss, hard_sample_cross_entropy, ods_perturb
 
@@ -40,8 +49,12 @@ class CoBoosting(DataFreeDistillation):
         bn_weight: float = 0.0
         mu: float = 0.01  # ensemble-weight step
         weight_decay_rate: float = 0.99  # wdc: the step's decay per epoch
-        ods_eta: float = 8 / 255  # ODS step, in pixel units
+        ods_eta: float = 4 / 255  # ODS step, in pixel units (their 8/255 on inputs normalised with std 0.5)
         temperature: float = 4.0
+        kd_weight_decay: float = 1e-4
+        kd_schedule: str = "cosine"
+        kd_grad_clip: float = 10.0
+        generator_grad_clip: float = 10.0
 
     def after_client_stage(self, state, round_index, ctx):
         state = super().after_client_stage(state, round_index, ctx)
@@ -63,26 +76,38 @@ class CoBoosting(DataFreeDistillation):
     def distillation_loss(self, state):
         return lambda student, teacher, y: distillation_loss(student, teacher, self.params.temperature)
 
-    def before_distillation(self, state, teachers, ctx, epoch):
+    def authors_augmentation(self, phase, dataset):
+        return "crop_flip" if phase == "distill" and "cifar" in dataset else "none"
+
+    def before_distillation(self, state, teachers, ctx, epoch, round_index):
         if epoch <= 1:
             return state
         p = self.params
+        old = len(state["pool_y"]) - state.get("pool_added", 0)  # the pool before this epoch's images
+        if old <= 0:
+            return state
         to_input = self.to_input(ctx)
-        w = torch.as_tensor(state["ensemble_weights"], dtype=torch.float32, device=ctx.device).requires_grad_(True)
-        x_all = torch.from_numpy(state["pool_x"]).to(ctx.device)
-        y_all = torch.from_numpy(state["pool_y"]).to(ctx.device)
-        for start in range(0, len(y_all), p.kd_batch):
-            x = to_input(x_all[start : start + p.kd_batch].float() / 255.0)
+        mode = self.augmentation("distill")
+        g = torch_generator(self.config.seed, SERVER, round_index, "reweight")
+        order = torch.randperm(old, generator=g).numpy()
+        step = p.mu * p.weight_decay_rate ** (epoch - 1)
+        start = torch.as_tensor(state["ensemble_weights"], dtype=torch.float32, device=ctx.device)
+        w = start.clone()
+        for first in range(0, old, p.kd_batch):
+            idx = np.sort(order[first : first + p.kd_batch])
+            pixels = torch.from_numpy(state["pool_x"][idx]).to(ctx.device).float() / 255.0
+            x = to_input(augment_images(pixels, mode, g))
+            y = torch.from_numpy(state["pool_y"][idx]).to(ctx.device)
             with torch.no_grad():
                 logits = self.stacked_logits(teachers, x)
-            loss = F.cross_entropy(weighted_logits(logits, w), y_all[start : start + p.kd_batch], reduction="sum")
-            loss.backward()
-        step = p.mu * p.weight_decay_rate ** (epoch - 1)
-        initial = state["initial_weights"]
-        new = state["ensemble_weights"] - step * np.sign(w.grad.cpu().numpy())
-        new = np.clip(initial + np.clip(new - initial, -1.0, 1.0), 0.0, 1.0)
-        if new.sum() <= 0:  # every weight clipped to 0: keep the previous ones
-            new = state["ensemble_weights"]
+            w.requires_grad_(True)
+            (grad,) = torch.autograd.grad(F.cross_entropy(weighted_logits(logits, w), y), w)
+            moved = (w.detach() - step * grad.sign() - start).clamp(-1.0, 1.0)
+            moved = (start + moved).clamp(0.0, 1.0)
+            if float(moved.sum()) > 0:  # every weight at 0 would divide by 0 (their code's NaN): keep w
+                w = moved
+            w = w.detach()
+        new = w.cpu().numpy().astype(np.float64)
         state = {**state, "ensemble_weights": new}
         state["report"] = {**state["report"], "ensemble_weights": [round(float(v), 6) for v in new]}
         return state

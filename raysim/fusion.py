@@ -1,4 +1,5 @@
-"""Weight-based optimal-transport model fusion (Singh and Jaggi, NeurIPS 2020, "wts" variant).
+"""Optimal-transport model fusion (Singh and Jaggi, NeurIPS 2020), weight-based ("wts") or
+activation-based ("acts").
 
 Models of one architecture are fused by first aligning every model's hidden neurons to an
 anchor model, layer by layer in forward order, and then averaging the aligned weights.
@@ -10,8 +11,13 @@ l = 1..L. For a model A (weights W_l, biases b_l) and the anchor B (W'_l, b'_l):
    permutation pi_{l-1}. A Linear after a conv and a flatten sees channel-major features
    (index = channel * (H*W) + position), so whole blocks of H*W columns move together:
    W^_l[:, (c, p)] = W_l[:, (pi_{l-1}(c), p)].
-2. Ground cost between anchor neuron j and model neuron i (bias appended as one coordinate):
-   C_ji = || [W'_l[j], b'_l[j]] - [W^_l[i], b_l[i]] ||^2.
+2. Ground cost between anchor neuron j and model neuron i. From the weights (bias appended as
+   one coordinate): C_ji = || [W'_l[j], b'_l[j]] - [W^_l[i], b_l[i]] ||^2. From the activations
+   (`inputs` given, their code's `--geom-ensemble-type acts`): C_ji = || a'_l[j] - a_l[i] ||^2,
+   a_l[i] the layer's output for neuron i (before its norm and non-linearity, their
+   `--prelu-acts`) over the input images (and, for a conv, every position). A neuron's output does
+   not depend on how the earlier layers are ordered, so the activations of the unaligned model
+   serve every layer.
 3. Transport: with uniform marginals (1/n on both sides) the exact OT linear programme has a
    permutation matrix among its optimal vertices (Birkhoff-von Neumann), so the plan is
    T = P / n with pi_l = argmin_pi sum_j C_{j, pi(j)}, solved by
@@ -139,10 +145,38 @@ def _rows(state: dict[str, torch.Tensor], name: str, weight: torch.Tensor) -> to
     return rows if bias is None else torch.cat([rows, bias.double().reshape(-1, 1)], 1)
 
 
-def align_to(model: nn.Module, anchor: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s state dict with its hidden neurons permuted to best match ``anchor``'s."""
+def layer_activations(model: nn.Module, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{chain layer name: (neurons, samples x positions) float64}: each conv/linear layer's outputs
+    on `inputs`, in eval mode."""
+    chain, found, handles = _chain(model), {}, []
+    for name, layer, _ in chain[:-1]:  # the classifier's outputs are never permuted
+
+        def hook(_module, _inputs, output, name=name):
+            out = output.detach().double()
+            found[name] = out.transpose(0, 1).reshape(out.shape[1], -1)
+
+        handles.append(layer.register_forward_hook(hook))
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(inputs)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T).clamp_min(0.0)
+
+
+def align_to(model: nn.Module, anchor: nn.Module, inputs: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """``model``'s state dict with its hidden neurons permuted to best match ``anchor``'s, by their
+    weights, or with ``inputs`` by their activations on them."""
     _check_same_architecture(model, anchor)
     chain = _chain(model)
+    acts = (layer_activations(model, inputs), layer_activations(anchor, inputs)) if inputs is not None else None
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     ref = {k: v.detach() for k, v in anchor.state_dict().items()}
     perm: torch.Tensor | None = None  # the previous layer's permutation
@@ -154,8 +188,10 @@ def align_to(model: nn.Module, anchor: nn.Module) -> dict[str, torch.Tensor]:
             state[wkey] = w
         if idx == len(chain) - 1:
             break  # the classifier's outputs are the classes: never permuted
-        a, b = _rows(ref, name, ref[wkey]), _rows(state, name, w)  # step 2: squared distances
-        cost = ((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T).clamp_min(0.0)
+        if acts is None:  # step 2: squared distances of the weights ...
+            cost = _squared_distances(_rows(ref, name, ref[wkey]), _rows(state, name, w))
+        else:  # ... or of the activations
+            cost = _squared_distances(acts[1][name], acts[0][name])
         perm = torch.as_tensor(linear_sum_assignment(cost.numpy())[1])  # step 3: anchor j <- model perm[j]
         keys = [wkey, _key(name, "bias")] + [_key(n, k) for n in norms for k in _NORM_KEYS]
         for key in keys:
@@ -165,8 +201,11 @@ def align_to(model: nn.Module, anchor: nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def ot_fuse(models: list[nn.Module], coefficients: list[float], anchor: int = 0) -> dict[str, np.ndarray]:
-    """Align every model's neurons, layer by layer, to the anchor model, then return the
+def ot_fuse(
+    models: list[nn.Module], coefficients: list[float], anchor: int = 0, inputs: torch.Tensor | None = None
+) -> dict[str, np.ndarray]:
+    """Align every model's neurons, layer by layer, to the anchor model (by weights, or with
+    `inputs` by activations), then return the
     coefficient-weighted average of the aligned state dicts (coefficients are normalised to sum 1),
     as {state_dict key: numpy array} (same keys and dtypes as model.state_dict(), BN running
     statistics and num_batches_tracked included; integer buffers are taken from the anchor)."""
@@ -186,7 +225,7 @@ def ot_fuse(models: list[nn.Module], coefficients: list[float], anchor: int = 0)
     alpha = alpha / alpha.sum()
     ref = models[anchor]
     _chain(ref)  # reject unsupported architectures even when nothing needs aligning
-    states = [ref.state_dict() if i == anchor else align_to(m, ref) for i, m in enumerate(models)]
+    states = [ref.state_dict() if i == anchor else align_to(m, ref, inputs) for i, m in enumerate(models)]
     fused: dict[str, np.ndarray] = {}
     for key, value in ref.state_dict().items():
         base = value.detach().cpu().numpy()

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from raysim.errors import RaysimError
-from raysim.fusion import align_to, ot_fuse
+from raysim.fusion import align_to, layer_activations, ot_fuse
 from raysim.models import build_model
 
 # (name, build_model kwargs, input shape)
@@ -103,6 +103,21 @@ def test_random_permutation_is_undone_exactly(name, kwargs, shape):
     for key, value in anchor.state_dict().items():
         assert fused[key].dtype == value.numpy().dtype
         np.testing.assert_array_equal(fused[key], value.numpy(), err_msg=key)
+
+
+@pytest.mark.parametrize("name,kwargs,shape", CASES, ids=IDS)
+def test_activation_alignment_undoes_a_random_permutation_and_differs_from_the_weights(name, kwargs, shape):
+    """Their `acts` variant: neurons matched by their outputs on a batch of inputs. A permuted copy
+    computes the same neuron outputs in another order, so the permutation is undone exactly; two
+    models of one initialisation trained apart can be matched otherwise than by their weights."""
+    anchor = make(name, kwargs, 3)
+    permuted = randomly_permuted(anchor, seed=4)
+    inputs = torch.randn(16, *shape, generator=torch.Generator().manual_seed(5))
+    aligned = align_to(permuted, anchor, inputs)
+    for key, value in anchor.state_dict().items():
+        assert torch.equal(aligned[key], value), key
+    acts = layer_activations(anchor, inputs)
+    assert len(acts) >= 1 and all(a.shape[1] % len(inputs) == 0 for a in acts.values())
 
 
 def test_identical_models_fuse_to_themselves_and_coefficients_weight():

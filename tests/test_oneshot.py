@@ -192,7 +192,13 @@ def six_methods(tmp_path_factory):
         }
         assert not list((folder / "cache").glob("client_stage/*.pt"))
         for method in ["dense", *[m for m in METHODS if m != "dense"]]:  # dense fills the cache
-            runs[method] = run(folder, method, **{"algorithm.name": method, "output.tensorboard": method == "fedhydra"})
+            extra = {  # the embedded data has no other dataset beside it: the data-free variants
+                "feddf": {"algorithm.distill_source": "generator"},
+                "ot_fusion": {"algorithm.alignment": "weights"},
+            }.get(method, {})
+            runs[method] = run(
+                folder, method, **{"algorithm.name": method, "output.tensorboard": method == "fedhydra", **extra}
+            )
     return runs, folder / "cache"
 
 
@@ -244,38 +250,67 @@ def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_n
     for method in ("fedavg_oneshot", "ot_fusion"):
         assert runs[method][0]["final_accuracy"] != first["final_accuracy"]
     assert runs["ot_fusion"][0]["ot_anchor"] in range(5)
+    # weight-based OT on clients of one initialisation keeps every neuron where it is: FedAvg one-shot
+    assert set(runs["ot_fusion"][0]["ot_identity_layers"].values()) == {2}  # cnn2's two hidden layers
+    assert runs["ot_fusion"][0]["final_accuracy"] == runs["fedavg_oneshot"][0]["final_accuracy"]
     assert len(runs["coboosting"][0]["ensemble_weights"]) == 5
+    # DENSE's BN loss is off, as its code ran; FedHydra's is on (lambda1 = 1; cnn2 has BN layers)
+    assert set(server_series(runs["dense"][1], "bn_loss")) == {0.0}
+    assert all(v > 0 for v in server_series(runs["fedhydra"][1], "bn_loss"))
+    # Co-Boosting's student follows its cosine schedule over the round's two epochs
+    assert server_series(runs["coboosting"][1], "kd_lr") == pytest.approx([0.01, 0.005])
 
 
 def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypatch):
-    """FedHydra is DENSE's loop plus SA (eq. 8), the hard-label term (eq. 18) and its own KD temperature;
-    its adversarial term (eq. 15) is DENSE's at temperature 1. With the average ensemble, beta 0 and
-    DENSE's temperature it must reproduce DENSE's run exactly, image for image."""
+    """FedHydra is DENSE's loop plus SA, the hard-label term (eq. 18), its own KD temperature and
+    reduction, its code's augmentation, learning rate and BN weight; its adversarial term (eq. 15) is
+    DENSE's at temperature 1. With each of those set to DENSE's it must reproduce DENSE's run
+    exactly, image for image."""
     runs, cache = six_methods
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
     _, dense_dir = runs["dense"]
     _, as_dense = run(
         tmp_path,
         "fedhydra-as-dense",
-        **{"algorithm.aggregation": "mean", "algorithm.beta": 0.0, "algorithm.temperature": 20.0},
+        **{
+            "algorithm.aggregation": "mean",
+            "algorithm.beta": 0.0,
+            "algorithm.temperature": 20.0,
+            "algorithm.kl_reduction": "batchmean",
+            "algorithm.synthesis_augment": "crop_flip",
+            "algorithm.distill_augment": "flip",  # DENSE's on a dataset that is not CIFAR
+            "algorithm.kd_lr": 0.005,
+            "algorithm.lambda1": 0.0,  # DENSE's BN loss, as its code ran
+        },
     )
     for metric in ("generator_loss", "distill_loss", "accuracy"):
         assert server_series(as_dense, metric) == server_series(dense_dir, metric), metric
     assert server_series(runs["fedhydra"][1], "distill_loss") != server_series(dense_dir, "distill_loss")
 
 
-def test_sa_without_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_path, monkeypatch):
-    """`aggregation: stratified_unscaled` changes the teacher (no per-class scaling by U_c), nothing before
-    it: the same clients and u, so the same four test-set readings of SA, with and without eq. 8."""
+def test_the_literal_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_path, monkeypatch):
+    """`aggregation: stratified_eq8` changes the teacher (each client's logits scaled per class by U_c),
+    nothing before it: the same clients and u, so the same test-set readings of both teachers; and
+    each run reads its own teacher both ways."""
     runs, cache = six_methods
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))
-    sa_summary, sa_dir = runs["fedhydra"]
-    summary, run_dir = run(tmp_path, "fedhydra-unscaled", **{"algorithm.aggregation": "stratified_unscaled"})
-    readings = [k for k in sa_summary if k.startswith("ensemble_accuracy_stratified")]
-    assert len(readings) == 4 and all(0 <= sa_summary[k] <= 1 for k in readings)
-    assert {k: summary[k] for k in readings} == {k: sa_summary[k] for k in readings}
-    assert summary["stratification_scores"] == sa_summary["stratification_scores"]
-    assert server_series(run_dir, "distill_loss") != server_series(sa_dir, "distill_loss")
+    default_summary, default_dir = runs["fedhydra"]
+    summary, run_dir = run(tmp_path, "fedhydra-eq8", **{"algorithm.aggregation": "stratified_eq8"})
+    readings = [k for k in default_summary if k.startswith("ensemble_accuracy_stratified")]
+    assert len(readings) == 4 and all(0 <= default_summary[k] <= 1 for k in readings)
+    assert {k: summary[k] for k in readings} == {k: default_summary[k] for k in readings}
+    assert summary["stratification_scores"] == default_summary["stratification_scores"]
+    assert server_series(run_dir, "distill_loss") != server_series(default_dir, "distill_loss")
+    for key in ("", "_given_label"):  # label_weighted is eq. 10-11 without eq. 8
+        assert (
+            default_summary[f"teacher_accuracy{key}"] == default_summary[f"ensemble_accuracy_stratified_unscaled{key}"]
+        )
+        assert summary[f"teacher_accuracy{key}"] == summary[f"ensemble_accuracy_stratified{key}"]
+    # the names before 2026-11-26 keep their meaning, so old run directories resume to the same numbers
+    old = load_config(
+        ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{**ONE_SHOT, "algorithm.aggregation": "stratified"})
+    )
+    assert old.algorithm["aggregation"] == "stratified_eq8"
 
 
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
@@ -322,16 +357,36 @@ def test_one_shot_configuration_errors_are_one_clear_line():
     base = tiny_overrides(**ONE_SHOT)
     with pytest.raises(RaysimError, match=r"rounds=3 must be a multiple of algorithm.global_rounds=2"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.global_rounds=2"])
-    with pytest.raises(RaysimError, match="distill_source=dataset needs"):
-        load_config(
-            ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=feddf", "algorithm.distill_source=dataset"]
-        )
-    with pytest.raises(RaysimError, match="aggregation must be one of stratified, stratified_unscaled, mean"):
+    feddf = base + ["algorithm.name=feddf"]
+    with pytest.raises(
+        RaysimError,
+        match="feddf has no default set of unlabelled images for dataset embedded: set algorithm.distill_dataset",
+    ):
+        load_config(ROOT / "configs" / "quickstart.yaml", feddf)
+    with pytest.raises(RaysimError, match="distill_dataset=embedded is the run's own dataset"):
+        load_config(ROOT / "configs" / "quickstart.yaml", feddf + ["algorithm.distill_dataset=embedded"])
+    with pytest.raises(RaysimError, match="need algorithm.distill_root .their folder.: dataset.root is not set"):
+        load_config(ROOT / "configs" / "quickstart.yaml", feddf + ["algorithm.distill_dataset=mnist"])
+    with pytest.raises(
+        RaysimError, match="aggregation must be one of label_weighted, label_weighted_raw, stratified_eq8, mean"
+    ):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.aggregation=median"])
+    for key, value, allowed in (
+        ("kl_reduction", "sum", "batchmean, mean"),
+        ("synthesis_augment", "rotate", "crop_flip, flip, none, auto"),
+        ("kd_optimizer", "lbfgs", "sgd, adam"),
+        ("kd_schedule", "step", "constant, cosine"),
+    ):
+        with pytest.raises(RaysimError, match=f"algorithm.{key} must be one of {allowed}, got '{value}'"):
+            load_config(ROOT / "configs" / "quickstart.yaml", base + [f"algorithm.{key}={value}"])
+    with pytest.raises(RaysimError, match="algorithm.kd_grad_clip must be >= 0, got -1"):
+        load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.kd_grad_clip=-1"])
     for method in ("dense", "coboosting", "feddf", "fedhydra"):
+        extra = ["algorithm.distill_source=generator"] if method == "feddf" else []
         with pytest.raises(RaysimError, match="algorithm.temperature must be > 0, got -1"):
             load_config(
-                ROOT / "configs" / "quickstart.yaml", base + [f"algorithm.name={method}", "algorithm.temperature=-1"]
+                ROOT / "configs" / "quickstart.yaml",
+                base + [f"algorithm.name={method}", "algorithm.temperature=-1", *extra],
             )
     from raysim.runner import prepare
 

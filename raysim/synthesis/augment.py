@@ -1,7 +1,10 @@
 """Random crop (zero padding of `pad` pixels, then a crop at the original size) and horizontal flip,
 drawn per image: what DENSE, Co-Boosting and FedHydra apply to synthetic images (kornia's
-RandomCrop(padding=4) + RandomHorizontalFlip in their code). Done as one integer-shift affine
-resampling, so gradients reach the generator."""
+RandomCrop(padding=4) + RandomHorizontalFlip, or torchvision's on the pooled images, in their
+code). Done as one integer-shift affine resampling, so gradients reach the generator.
+
+`AUGMENTATIONS` are the modes a method may ask for in a phase (`augment_images`): `crop_flip`,
+`flip` (DENSE's pooled MNIST images) and `none`."""
 
 from __future__ import annotations
 
@@ -26,3 +29,18 @@ def crop_flip(x: torch.Tensor, generator: torch.Generator, pad: int = 4, flip: b
     theta[:, 1, 2] = 2.0 * shift[:, 1] / h
     grid = F.affine_grid(theta, list(x.shape), align_corners=False)
     return grid_sample(x, grid, mode="bilinear", align_corners=False)
+
+
+AUGMENTATIONS = ("crop_flip", "flip", "none")
+
+
+def augment_images(x: torch.Tensor, mode: str, generator: torch.Generator) -> torch.Tensor:
+    """`x` augmented by `mode` (one of AUGMENTATIONS), drawn from `generator`."""
+    if mode == "crop_flip":
+        return crop_flip(x, generator)
+    if mode == "flip":
+        flip = (torch.rand(len(x), generator=generator) < 0.5).to(x.device)
+        return torch.where(flip[:, None, None, None], x.flip(3), x)
+    if mode == "none":
+        return x
+    raise ValueError(f"unknown augmentation {mode!r}: choose one of {', '.join(AUGMENTATIONS)}")

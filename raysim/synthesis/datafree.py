@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from raysim.synthesis.augment import crop_flip
+from raysim.synthesis.augment import augment_images
 from raysim.synthesis.generator import Generator, reset_generator
 from raysim.synthesis.losses import BNStatistics
 from raysim.training import TrainStats, even_batches, train
@@ -53,8 +53,12 @@ def synthesize(
     lr: float,
     bn_weight: float,
     seed: int,
-    augment: bool = True,
+    augment: str = "crop_flip",
+    grad_clip: float = 0.0,
 ) -> SynthesisResult:
+    """`augment`: what the teachers and the student see of the generator's images (one of
+    raysim.synthesis.augment.AUGMENTATIONS); `grad_clip` > 0 clips the generator's gradient norm
+    (not the noise's) before each step, as Co-Boosting's code does."""
     device = next(generator.parameters()).device
     reset_generator(generator, seed)
     generator.train()
@@ -67,7 +71,7 @@ def synthesize(
     with BNStatistics(teachers if bn_weight else []) as bn:
         for _ in range(steps):
             pixels = generator(z)
-            x = to_input(crop_flip(pixels, g) if augment else pixels)
+            x = to_input(augment_images(pixels, augment, g))
             teacher_logits = ensemble(x, targets)
             bn_loss = bn.loss()
             loss = objective(teacher_logits, student(x), targets) + bn_weight * bn_loss
@@ -75,6 +79,8 @@ def synthesize(
                 best = (float(loss.detach()), pixels.detach(), float(torch.as_tensor(bn_loss).detach()))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(generator.parameters(), grad_clip)
             optimizer.step()
     quantised = (best[1].clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
     return SynthesisResult(quantised, targets.cpu().numpy(), best[0], best[2])
@@ -102,16 +108,19 @@ def distill_epoch(
     *,
     batch: int,
     generator: torch.Generator,
-    augment: bool = True,
+    augment: str = "crop_flip",
     perturb: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    grad_clip: float = 0.0,
 ) -> TrainStats:
-    """One pass over the pool; `perturb` edits each model-input batch first (Co-Boosting's ODS)."""
+    """One pass over the pool; `augment` is applied to each image (raysim.synthesis.augment),
+    `perturb` edits each model-input batch first (Co-Boosting's ODS), `grad_clip` > 0 clips the
+    student's gradient norm before each step."""
     device = next(student.parameters()).device
     x = torch.from_numpy(pool_x).to(device).float() / 255.0
     y = torch.from_numpy(pool_y).to(device)
 
     def prepare(xb: torch.Tensor, seed: int) -> torch.Tensor:
-        return to_input(crop_flip(xb, torch.Generator().manual_seed(seed)) if augment else xb)
+        return to_input(augment_images(xb, augment, torch.Generator().manual_seed(seed)))
 
     def loss_fn(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         if perturb is not None:
@@ -130,5 +139,8 @@ def distill_epoch(
         generator=generator,
         loss_fn=loss_fn,
         augment=prepare,
+        grad_hook=(lambda model: torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip))
+        if grad_clip > 0
+        else None,
         split=even_batches,
     )  # no batch of 1 for BN

@@ -7,9 +7,14 @@ Logits arrive stacked as (K clients, B samples, C classes).
   `normalise_over_clients` (U_r, eq. 4-5: each class's scores sum to 1 over clients) and
   `normalise_over_classes` (U_c, eq. 6-7: each client's scores sum to 1 over classes), both kept
   as K x C arrays (client rows; the paper's U is their transpose).
-  `stratified_logits` is eq. 8-11: client k's logits scaled per class by U_c[k] (eq. 8), then, for
-  a sample whose target label is y, summed over clients with weights U_r[:, y] (eq. 10-11);
-  without U_c (None) the logits are not scaled (SA without eq. 8, an ablation).
+  `stratified_logits` is eq. 10-11: for a sample whose target label is y, the clients' logits
+  summed with weights W[:, y] (W = U_r, or the raw u), each first scaled per class by U_c[k]
+  (eq. 8) when `over_classes` is given. Without eq. 8 this is the teacher the authors' released
+  code builds (its per-client class weights stay 1); with it, the paper's literal eq. 8-11.
+  Eq. 8 on logits depends on each client's arbitrary logit offset: z_k + c gives client k the
+  same probabilities, but U_c[k] (.) (z_k + c) shifts class j by U_c[k, j] c, a different amount
+  per class, which can change the teacher's argmax; without eq. 8 the shift is the same for every
+  class, so the teacher's probabilities do not move.
   It needs the target label, which synthetic samples have. `stratified_predict` is the
   label-free reading used to evaluate SA on test data (Fig. 7): every class c is tried as the
   target, P^(c) = eq. 11 with y = c, and the prediction is the class whose own teacher is most
@@ -50,7 +55,8 @@ def _scaled_per_class(logits: torch.Tensor, over_classes: torch.Tensor | None) -
 def stratified_logits(
     logits: torch.Tensor, targets: torch.Tensor, over_clients: torch.Tensor, over_classes: torch.Tensor | None
 ) -> torch.Tensor:
-    """Eq. 8-11: (K, B, C) logits, (B,) target labels, U_r and U_c as (K, C) tensors -> (B, C)."""
+    """Eq. 8-11: (K, B, C) logits, (B,) target labels, the client weights (U_r or u) and U_c (or
+    None: no eq. 8) as (K, C) tensors -> (B, C)."""
     scaled = _scaled_per_class(logits, over_classes)  # eq. 8
     v = over_clients[:, targets]  # eq. 10: V, here (K, B)
     return (v[:, :, None] * scaled).sum(0)  # eq. 11

@@ -6,8 +6,9 @@
 - adversarial loss (DENSE; FedHydra eq. 15): minus the KL divergence between teacher and student,
   DENSE's form restricted to samples where they disagree (`masked`), Co-Boosting's on all samples
   at temperature 3.
-- distillation loss (FedHydra eq. 17, DENSE, FedDF): T^2 KL(softmax(t/T) || softmax(s/T)), mean over
-  the batch.
+- distillation loss (FedHydra eq. 17, DENSE, FedDF): T^2 KL(softmax(t/T) || softmax(s/T)), averaged
+  over the batch (`batchmean`: DENSE's, Co-Boosting's and FedDF's code) or over the batch and the
+  classes (`mean`: FedHydra's code, KLCom with reduction='mean', 1/C of `batchmean`).
 - hard-sample-weighted cross-entropy (Co-Boosting): mean((1 - p_y)^hs CE(t, y)), p_y the teacher's
   (detached) probability of the target.
 - ODS (output-diversified sampling, Co-Boosting's distillation): x + eta sign(grad_x r . softmax(t(x)/T)).
@@ -71,8 +72,20 @@ def kl_per_sample(student_logits: torch.Tensor, teacher_logits: torch.Tensor, te
     ).sum(1)
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return kl_per_sample(student_logits, teacher_logits, temperature).mean() * temperature**2
+KL_REDUCTIONS = ("batchmean", "mean")
+
+
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float, reduction: str = "batchmean"
+) -> torch.Tensor:
+    """T^2 KL(teacher || student); `reduction` as torch's kl_div: `batchmean` sums over the classes
+    and averages over the batch, `mean` averages over both."""
+    kl = kl_per_sample(student_logits, teacher_logits, temperature).mean() * temperature**2
+    if reduction == "mean":
+        return kl / student_logits.shape[1]
+    if reduction != "batchmean":
+        raise ValueError(f"unknown KL reduction {reduction!r}: choose one of {', '.join(KL_REDUCTIONS)}")
+    return kl
 
 
 def adversarial_loss(

@@ -1,8 +1,10 @@
 """FedHydra's model stratification (Algorithm 2, eq. 1-3): how well each client model knows each class.
 
-For every client k and class j, a freshly initialised generator (and its input noise, as in the
-authors' code) is trained for `steps` Adam steps to make client k alone classify its images as j
-(eq. 1: CE(F(x_hat; theta_k), j)); the loss of every step is recorded and
+For every client k and class j, a freshly initialised generator is trained for `steps` Adam steps
+to make client k alone classify its images as j (eq. 1: CE(F(x_hat; theta_k), j), minimised over
+theta_G); its input noise stays fixed, as eq. 1 and the authors' code have it (their `interview`
+hands z to Adam without requires_grad), unless `learn_z` (this project's reading before
+2026-11-26); the loss of every step is recorded and
 u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
 towards 0, so u is large; one that never saw j stays high and flat.
 
@@ -43,6 +45,7 @@ def stratification_scores(
     lr: float,
     seed_of: Callable[[int, int], int],
     augment: bool = True,
+    learn_z: bool = False,
 ) -> np.ndarray:
     """u (K x C): one fresh generator per (client, class); `seed_of(k, j)` seeds its initialisation,
     noise and augmentation."""
@@ -55,8 +58,9 @@ def stratification_scores(
             reset_generator(generator, seed)
             generator.train()
             g = torch.Generator().manual_seed(seed)
-            z = torch.randn(batch, generator.nz, generator=g).to(device).requires_grad_(True)
-            optimizer = torch.optim.Adam([*generator.parameters(), z], lr=lr, betas=(0.5, 0.999))
+            z = torch.randn(batch, generator.nz, generator=g).to(device).requires_grad_(learn_z)
+            trained = [*generator.parameters(), z] if learn_z else list(generator.parameters())
+            optimizer = torch.optim.Adam(trained, lr=lr, betas=(0.5, 0.999))
             target = torch.full((batch,), j, dtype=torch.long, device=device)
             curve = []
             for _ in range(steps):
