@@ -6,7 +6,8 @@ CIFAR-100 (FedDF's own choice for CIFAR-10); for CIFAR-100 and SVHN, CIFAR-10. A
 the folder of that name beside `dataset.root` (../shared/data/mnist beside
 ../shared/data/fashion_mnist). The training images are resized to the run's size (bilinear,
 antialiased) and converted to its channels (grey repeated to RGB, RGB to luminance); labels are
-never read.
+never read. A run may also name its own dataset (its training images without their labels: an
+in-distribution transfer set, which a one-shot server would not have).
 """
 
 from __future__ import annotations
@@ -57,11 +58,6 @@ def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, st
                 f"{config.algorithm['name']} has no default set of unlabelled images for dataset "
                 f"{config.dataset.name}: set {dataset_key} and algorithm.{root_key} (e.g. mnist and its folder)"
             )
-    if name == config.dataset.name:
-        raise RaysimError(
-            f"{dataset_key}={name} is the run's own dataset: the unlabelled images must come from "
-            "another dataset; choose another"
-        )
     if not root:
         if config.dataset.root is None:
             raise RaysimError(

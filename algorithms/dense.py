@@ -13,7 +13,7 @@ T 20, generator lr 1e-3, 30 steps, batch 256, server SGD lr 0.005, momentum 0.9)
 - `bn_weight` defaults to 0. Their code looks for the BN layers in the modules of an ensemble that
   holds the client models in a plain Python list, which torch does not register as submodules, so
   no hook is found and the BN loss is sum([]) = 0 whatever `--bn` says (checked in torch:
-  tests/test_oneshot.py). `bn_weight: 1` is the paper's loss.
+  tests/test_oneshot_as_authors_ran.py). `bn_weight: 1` is the paper's loss.
 - `kd_lr` defaults to their 0.005.
 - Augmentation (`auto`): random crop (pad 4) + flip of the generator's images for every dataset
   (kornia, during synthesis); on the pooled images during distillation crop + flip for CIFAR

@@ -149,10 +149,12 @@ def report(run_dirs: list[str]) -> str:
 ONE_SHOT_COLUMNS = {
     "best_client_accuracy": "best client acc",
     "ensemble_accuracy": "ensemble acc",
-    "ensemble_accuracy_stratified": "SA ensemble acc",
-    "ensemble_accuracy_stratified_given_label": "SA acc given label",
-    "ensemble_accuracy_stratified_unscaled": "SA w/o eq. 8 acc",
-    "ensemble_accuracy_stratified_unscaled_given_label": "SA w/o eq. 8 given label",
+    "teacher_accuracy": "teacher acc",
+    "teacher_accuracy_given_label": "teacher acc given label",
+    "ensemble_accuracy_stratified_unscaled": "label-weighted acc",
+    "ensemble_accuracy_stratified_unscaled_given_label": "label-weighted given label",
+    "ensemble_accuracy_stratified": "eq. 8-11 acc",
+    "ensemble_accuracy_stratified_given_label": "eq. 8-11 given label",
 }
 MAX_CLIENT_COLUMNS = 10
 
