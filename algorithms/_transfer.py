@@ -49,6 +49,9 @@ def to_shape(images: np.ndarray, size: int, channels: int) -> np.ndarray:
 def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, str]:
     """(dataset name, folder) of the transfer set given as (`dataset`, `root`); `keys` names the
     config keys that set them, for the errors (e.g. "algorithm.distill_dataset/distill_root")."""
+    from raysim.data.registry import _normalise_name
+
+    _normalise_name(config.dataset.name)  # an unknown dataset.name is said as such, not as a missing transfer set
     dataset_key, root_key = keys.split("/")
     name = dataset
     if name == "auto":

@@ -72,6 +72,13 @@ def _run(args: argparse.Namespace) -> int:
             ) from None
         if not isinstance(exc, RayError):
             raise
+        raised = str(exc).rsplit("RaysimError: ", 1)
+        if getattr(exc, "actor_init_failed", False) and len(raised) == 2:
+            # the server refused the run while starting (e.g. an algorithm's data are missing): Ray
+            # keeps only the creation task's traceback as text, whose last RaysimError line is the message
+            if not args.resume:
+                discard_unstarted_run(run_dir)
+            raise RaysimError(raised[1].strip().splitlines()[0]) from None
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RaysimError(
             f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are "
