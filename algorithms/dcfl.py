@@ -14,10 +14,31 @@ Server (Algorithm 1):
   in. `epsilon` is the exploitation fraction, as in Algorithm 1 and the notation table (the prose
   calls it an exploration ratio with the opposite meaning). `selection: random` draws n uniformly
   (Table IV).
-- *CKA* (raysim.similarity): linear CKA between clients' classifier weights (the last linear layer,
-  rows = classes), kept as a K x K matrix over the clients seen so far. Every participant's row is
-  refreshed with its latest classifier (the paper updates M in pre-training only, but clients first
-  seen later must enter M to be selectable; fresher classifiers are a choice, documented here).
+- *CKA* (raysim.similarity): linear CKA between what clients' classifiers (the last linear layer,
+  rows = classes) learnt, kept as a K x K matrix M over the clients seen so far. What is compared
+  (`cka_on`) matters because M mixes clients last trained in different rounds, from different global
+  models, and two unrelated 10 x 128 classifiers already have linear CKA near 0.94: compared raw, a
+  classifier mostly shows the model it started from, not the data it saw.
+  `initial` (default; the paper's reading, Algorithm 1 line 13: M is filled in pre-training, where
+  every client trains from w^0): each client's classifier after training from w^0, written once,
+  when the client is first seen. With one start for all, two rows differ only by the clients' data,
+  which never changes, so M need not be refreshed. A client first seen once the global model has
+  left w^0 (the paper never puts it in M) also trains a copy of w^0 on its data (the base's
+  objective, E_c epochs, after its round's work) and uploads that copy's classifier; w^0 goes down
+  to it beside the round's model (both counted in the bytes).
+  `update`: each client's classifier change in its latest round, W_k - W_start, refreshed whenever
+  it takes part: no extra training, but changes made from different global models are only partly
+  comparable.
+  `latest`: each client's newest classifier itself (raysim before issue 44), kept to show the
+  stale-classifier effect.
+  Chosen by what M is for, and checked on the mechanism before any accuracy was compared: on a test
+  run whose clients join in different rounds, `initial` ranks client pairs by label overlap best
+  (experiments/dcfl/README.md has the figures).
+  Diagnostics per round (metrics.parquet; the last value in summary.json): `cka_label_spearman`,
+  Spearman's rho over the seen pairs between M and the cosine similarity of the two clients'
+  label histograms (does CKA see which clients hold the same classes? the server reads the
+  histograms for this number only), and `selection_spread`, the largest over the smallest of
+  eq. 4's probabilities.
 - *Complementary data* (GetComplementaryCondensedDataForK): a returning client receives the
   condensed sets of its group, the `group_size` seen clients with the LOWEST CKA to it
   (`complement: low`; the paper never says which, and low classifier similarity means dissimilar
@@ -26,6 +47,8 @@ Server (Algorithm 1):
   drops, before delivery, the fraction r of those images with the highest loss under the current
   global model (the paper filters "based on their performance" without a rule; dropping the least
   consistent images is the reading that matches its stated aim of a more stable training).
+  `grouping: random` gives a returning client `group_size` seen clients drawn at random instead
+  (seeded by round and client): the control for what CKA grouping adds.
 - *Aggregation*: the base's, with each client's new data size (own + received images) as n_k; for
   FedDisco the label counts include the received labels, for FedNova the steps include fine-tuning.
 
@@ -56,13 +79,15 @@ from raysim.condense.models import resample_model
 from raysim.condense.synthetic import as_images, set_labels
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
-from raysim.seeding import SERVER, torch_generator
-from raysim.similarity import linear_cka
+from raysim.seeding import SERVER, numpy_rng, torch_generator
+from raysim.similarity import linear_cka, spearman
 from raysim.tensors import load_weights, module_weights
 from raysim.training import make_optimizer, train
 
 BASES = ("fedavg", "fedprox", "fednova", "feddisco")
 BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
+CKA_SOURCES = ("initial", "update", "latest")
+CLASSIFIER = "classifier.weight"
 
 
 @dataclass
@@ -78,12 +103,14 @@ class DCFLParams(CondensationParams):
     pretrain_rounds: int = 1  # M
     pretrain_fraction: float = 0.25  # C_pre
     selection: str = "cka"  # cka (eq. 4) | random (Table IV)
+    cka_on: str = "initial"  # what M compares: initial | update | latest (module docstring)
+    grouping: str = "cka"  # who a returning client gets data from: cka | random (the control)
     epsilon: float = 0.5  # fraction of a round's clients chosen by exploitation
     complement: str = "low"  # which CKA neighbours make a client's group: low | high
     group_size: int = 0  # 0: participants per round - 1
     filter_ratio: float = 0.0  # r
     use_condensed: str = "finetune"  # none | mix | finetune
-    finetune_epochs: int = 1  # E_s
+    finetune_epochs: int = 20  # E_s (chosen on validation data: experiments/dcfl/README.md)
     finetune_lr: float = 0.001  # eta_s
     finetune_batch: int = 32  # B_s
     train_dsa: bool = True  # DSA on the clients' training batches
@@ -94,6 +121,8 @@ class DCFLParams(CondensationParams):
         choices = {
             "base": BASES,
             "selection": ("cka", "random"),
+            "cka_on": CKA_SOURCES,
+            "grouping": ("cka", "random"),
             "complement": ("low", "high"),
             "use_condensed": ("none", "mix", "finetune"),
         }
@@ -144,6 +173,37 @@ def complementary_group(cka: np.ndarray, seen: list[int], client: int, size: int
     return sorted(others, key=lambda k: (sign * np.nan_to_num(cka[client, k], nan=0.0), k))[:size]
 
 
+def random_group(seed: int, round_index: int, seen: list[int], client: int, size: int) -> list[int]:
+    """`grouping: random`: `size` seen clients (not `client`) drawn uniformly, seeded by (round, client)."""
+    others = [k for k in seen if k != client]
+    picked = numpy_rng(seed, SERVER, "grouping", round_index, client).choice(
+        len(others), size=min(size, len(others)), replace=False
+    )
+    return sorted(others[i] for i in picked)
+
+
+def cka_representation(classifier: np.ndarray, start: np.ndarray, cka_on: str) -> np.ndarray:
+    """What M compares for one client: its classifier's change from `start` (update) or the classifier
+    itself (initial: trained from w^0; latest)."""
+    return classifier - start if cka_on == "update" else classifier
+
+
+def label_similarity(counts: np.ndarray) -> np.ndarray:
+    """Cosine similarity of the clients' label histograms (rows of `counts`)."""
+    unit = counts / np.maximum(np.linalg.norm(counts, axis=1, keepdims=True), 1e-12)
+    return unit @ unit.T
+
+
+def cka_label_spearman(cka: np.ndarray, counts: np.ndarray, seen: list[int]) -> float:
+    """Spearman's rho between M and the label-histogram similarity over the pairs of seen clients
+    (NaN with fewer than three pairs or a constant side)."""
+    pairs = [(i, j) for n, i in enumerate(seen) for j in seen[n + 1 :]]
+    if len(pairs) < 3:
+        return float("nan")
+    similar = label_similarity(counts.astype(np.float64))
+    return spearman([cka[i, j] for i, j in pairs], [similar[i, j] for i, j in pairs])
+
+
 class Condenser(CondensedDataAlgorithm):
     """DCFL's ClientDatasetDistillation: DM with DSA (raysim's condensation loop, FedDM/FedAF's)."""
 
@@ -182,8 +242,11 @@ class DCFL(Algorithm):
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
         k = self.config.clients.num
+        weights = module_weights(model)
         return {
-            "weights": module_weights(model),
+            "weights": weights,
+            "initial": weights if self.params.cka_on == "initial" else None,  # w^0, for late first-timers
+            "moved": False,  # whether the global model has left w^0
             "seen": [],
             "classifiers": {},
             "pool": {},
@@ -224,14 +287,22 @@ class DCFL(Algorithm):
         out = Broadcast({"weights": state["weights"]})
         first = [k for k in participants if k not in state["seen"]]
         if first:
-            out.to(first, {"condense": True})
+            part = {"condense": True}
+            if self.params.cka_on == "initial" and state["moved"]:
+                part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
+            out.to(first, part)
         if self.params.use_condensed == "none":
             return out
         for k in participants:
             if k in state["seen"]:
-                group = complementary_group(state["cka"], state["seen"], k, self.group_size(), self.params.complement)
-                out.to(k, self.group_data(state, group))
+                out.to(k, self.group_data(state, self.group(state, round_index, k)))
         return out
+
+    def group(self, state, round_index: int, client: int) -> list[int]:
+        """The seen clients whose condensed sets a returning client receives."""
+        if self.params.grouping == "random":
+            return random_group(self.config.seed, round_index, state["seen"], client, self.group_size())
+        return complementary_group(state["cka"], state["seen"], client, self.group_size(), self.params.complement)
 
     def group_data(self, state, group: list[int]) -> dict[str, np.ndarray]:
         """The group's condensed images and labels, less the filtered fraction (filter_ratio)."""
@@ -257,30 +328,47 @@ class DCFL(Algorithm):
             if "images" in r.message:
                 state["pool"][r.client] = {"images": r.message["images"], "classes": r.message["classes"]}
                 state["seen"] = sorted(set(state["seen"]) | {r.client})
-            state["classifiers"][r.client] = r.message["weights"]["classifier.weight"]
-            self.update_cka(state, r.client)
+            self.update_cka(state, r.client, r.message)
         if self.pretraining(round_index):
             if round_index == self.params.pretrain_rounds and state["pool"]:
-                state["weights"] = self.train_on_pool(state, round_index, ctx)
+                state["weights"], state["moved"] = self.train_on_pool(state, round_index, ctx), True
         elif replies:
             resized = [Reply(r.client, int(r.message["data_size"]), r.message) for r in replies]
-            state["weights"] = self.base.aggregate(state, resized, ctx)
+            state["weights"], state["moved"] = self.base.aggregate(state, resized, ctx), True
         if self.params.filter_ratio > 0:
             state["pool_loss"] = self.pool_losses(state, ctx)
-        seen = state["seen"]
-        if len(seen) > 1:
-            block = state["cka"][np.ix_(seen, seen)]
-            ctx.log.scalar(
-                "cka_mean_off_diagonal", float((np.nansum(block) - len(seen)) / (len(seen) ** 2 - len(seen)))
-            )
-        ctx.log.scalar("clients_seen", len(seen))
+        self.log_diagnostics(state, ctx)
         return state
 
-    def update_cka(self, state, client: int) -> None:
-        mine = torch.as_tensor(state["classifiers"][client])
-        for other, weights in state["classifiers"].items():
-            value = 1.0 if other == client else linear_cka(mine, torch.as_tensor(weights))
+    def update_cka(self, state, client: int, message: dict[str, Any]) -> None:
+        """Client `client`'s row of M from this round's reply (module docstring, `cka_on`); with
+        `initial` a row is written once, when the client is first seen."""
+        if self.params.cka_on == "initial":
+            if client in state["classifiers"]:
+                return
+            classifier = message.get("cka_classifier", message["weights"][CLASSIFIER])
+        else:
+            classifier = message["weights"][CLASSIFIER]
+        start = state["weights"][CLASSIFIER]  # the model this round's replies trained from
+        state["classifiers"][client] = mine = cka_representation(classifier, start, self.params.cka_on)
+        for other, theirs in state["classifiers"].items():
+            value = 1.0 if other == client else linear_cka(torch.as_tensor(mine), torch.as_tensor(theirs))
             state["cka"][client, other] = state["cka"][other, client] = value
+
+    def log_diagnostics(self, state, ctx) -> None:
+        """M's off-diagonal mean, `cka_label_spearman` and `selection_spread` (module docstring)."""
+        seen = state["seen"]
+        ctx.log.scalar("clients_seen", len(seen))
+        if len(seen) < 2:
+            return
+        block = state["cka"][np.ix_(seen, seen)]
+        ctx.log.scalar("cka_mean_off_diagonal", float((np.nansum(block) - len(seen)) / (len(seen) ** 2 - len(seen))))
+        probabilities = exploit_probabilities(state["cka"], seen)
+        ctx.log.scalar("selection_spread", float(probabilities.max() / probabilities.min()), summary=True)
+        if ctx.label_counts is not None:
+            rho = cka_label_spearman(state["cka"], np.asarray(ctx.label_counts), seen)
+            if np.isfinite(rho):
+                ctx.log.scalar("cka_label_spearman", rho, summary=True)
 
     def train_on_pool(self, state, round_index, ctx):
         """ServerUpdate(w^0, D~): the initial model trained on every condensed set received."""
@@ -358,7 +446,29 @@ class DCFL(Algorithm):
             self.base.after_training(model, payload, dataclasses.replace(client, label_counts=counts), ctx, steps)
         )
         message["data_size"] = np.int64(client.num_samples + received)
+        if "cka_from" in payload:
+            message["cka_classifier"] = self.classifier_from_initial(payload, client, ctx, augment)
         return message
+
+    def classifier_from_initial(self, payload, client: ClientData, ctx, augment) -> np.ndarray:
+        """`cka_on: initial` for a client first seen after pre-training: the classifier of a copy of
+        w^0 trained as in pre-training (the base's objective anchored at w^0, E_c epochs)."""
+        start = {**payload, "weights": payload["cka_from"]}
+        model = ctx.model("cka")
+        load_weights(model, start["weights"])
+        train(
+            model,
+            client.x,
+            client.y,
+            epochs=self.config.local.epochs,
+            batch_size=self.config.local.batch_size,
+            optimizer=make_optimizer(model.parameters(), self.config.local),
+            generator=client.generator,
+            loss_fn=self.base.local_loss(start, client, ctx),
+            augment=augment,
+            grad_hook=self.base.grad_hook(start, client, ctx),
+        )
+        return model.classifier.weight.detach().cpu().numpy().copy()
 
     def received(self, payload, client: ClientData, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """What a returning client trains on besides its data: the group's condensed sets it received

@@ -136,6 +136,10 @@ class Context:
     # On the server of an algorithm with `needs_data_digest`: a hash of every client's training
     # data (the dataset's arrays and the partition), for caches keyed by the data.
     data_digest: str | None = None
+    # On the server: each client's label counts (clients x classes), for diagnostics that compare
+    # what an algorithm infers with the truth (DCFL's cka_label_spearman). The server of a real
+    # deployment does not know them: an algorithm must not decide anything from them.
+    label_counts: np.ndarray | None = None
     _scratch: dict[tuple[str, str], torch.nn.Module] = field(default_factory=dict)
 
     @property

@@ -126,6 +126,12 @@ class EvalConfig:
     batch_size: int = 1000
     # Test accuracies in (0, 1]: summary.json's rounds_to_accuracy gives the first round reaching each.
     targets: list[float] = field(default_factory=list)
+    # What the server evaluates on: `test` (the dataset's test split) or `validation`, a share
+    # (`validation_fraction` of every class) held out of the training split before partitioning, so
+    # that settings can be chosen without looking at the test set. The held-out images depend on the
+    # dataset only (not on the run's seed): every seed and setting is tuned on the same images.
+    split: str = "test"
+    validation_fraction: float = 0.1
 
 
 @dataclass
@@ -426,6 +432,14 @@ def validate(config: Config) -> None:
         not bad,
         f"eval.targets must be test accuracies in (0, 1], got {bad}: write fractions, "
         "e.g. eval.targets=[0.8,0.86] for 80% and 86%",
+    )
+    need(
+        config.eval.split in ("test", "validation"),
+        f"eval.split must be test or validation, got '{config.eval.split}'",
+    )
+    need(
+        0 < config.eval.validation_fraction < 1,
+        f"eval.validation_fraction must be in (0, 1), got {config.eval.validation_fraction}",
     )
     need(config.output.checkpoint_every >= 1, "output.checkpoint_every must be >= 1")
 

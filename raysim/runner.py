@@ -15,13 +15,14 @@ import numpy as np
 from raysim.algorithm import ModelSpec
 from raysim.config import Config, dump_config, load_config
 from raysim.data import ArrayDataset, load_dataset
+from raysim.data.arrays import with_validation_split
 from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
 from raysim.outputs.run_lock import LOCK_FILE, lock_run_dir, owning, unlock_run_dir
 from raysim.partition import class_counts, partition
 from raysim.registry import algorithm_class
-from raysim.seeding import PARTITION, numpy_rng
+from raysim.seeding import PARTITION, VALIDATION, numpy_rng
 
 CONFIG_FILE = "config.yaml"
 
@@ -49,6 +50,8 @@ def prepare(config: Config) -> Experiment:
             file=sys.stderr,
         )
     dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.image_size)
+    if config.eval.split == "validation":  # the same held-out images for every seed (seeded by 0)
+        dataset = with_validation_split(dataset, config.eval.validation_fraction, numpy_rng(0, VALIDATION))
     p = config.partition
     seed = config.seed if p.seed is None else p.seed
     parts = partition(
@@ -366,7 +369,8 @@ def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
     best = summary["best_accuracy"]
     return (
         f"{summary['algorithm']} on {summary['dataset']} (seed {summary['seed']}): "
-        f"final accuracy {summary['final_accuracy']:.4f}, best {best:.4f} (round {summary['best_round']}), "
+        f"final {'validation ' if summary.get('evaluated_on') == 'validation' else ''}"
+        f"accuracy {summary['final_accuracy']:.4f}, best {best:.4f} (round {summary['best_round']}), "
         f"{summary['rounds']} rounds, up {mb(summary['bytes_up'])}, down {mb(summary['bytes_down'])}, "
         f"{summary['wall_time_s']:.1f} s -> {run_dir}"
     )

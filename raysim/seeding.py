@@ -17,6 +17,7 @@ CLIENT_SAMPLING = 2
 MODEL_INIT = 3
 PARTITION = 4
 SERVER = 5
+VALIDATION = 6
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:

@@ -82,3 +82,14 @@ def cka_matrix(matrices: Sequence[torch.Tensor]) -> np.ndarray:
         for j in range(i + 1, len(xs)):
             out[i, j] = out[j, i] = _cka(xs[i], xs[j], selfs[i], selfs[j])
     return out
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman's rank correlation of two equally long sequences (ties get average ranks); NaN when
+    either side is constant (no ranking to compare)."""
+    from scipy.stats import spearmanr  # scipy is a dependency; imported here to keep startup light
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)

@@ -9,7 +9,7 @@ A sweep file (configs/sweeps/*.yaml):
       partition.alpha: {choice: [0.02, 0.05]}
       local.lr: {uniform: [0.005, 0.05]}
       algorithm.lambda_loc: {loguniform: [1.0e-5, 1.0e-2]}
-    metric: best_accuracy                 # or final_accuracy
+    metric: best_accuracy                 # or final_accuracy, last5_accuracy (mean of the last 5 evaluations)
     samples: 1                            # repeats of the grid (random forms drawn anew each time)
     concurrency: 2                        # trials at once
     scheduler: {kind: asha, grace_period: 1, reduction_factor: 2}   # optional, on per-round accuracy
@@ -30,7 +30,7 @@ from raysim.config import Config, config_from_dict, parse_override, read_yaml, s
 from raysim.errors import RaysimError
 
 SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")
-METRICS = ("best_accuracy", "final_accuracy")
+METRICS = ("best_accuracy", "final_accuracy", "last5_accuracy")
 
 
 @dataclass
@@ -126,7 +126,9 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
         tree["dataset"]["root"] = str(Path(root).resolve())
     metric = data.get("metric", "best_accuracy")
     if metric not in METRICS:
-        raise RaysimError(f"sweep '{path}': metric must be best_accuracy or final_accuracy, got '{metric}'")
+        raise RaysimError(
+            f"sweep '{path}': metric must be best_accuracy, final_accuracy or last5_accuracy, got '{metric}'"
+        )
     scheduler = data.get("scheduler")
     if scheduler is not None:
         if not isinstance(scheduler, dict) or scheduler.get("kind", "asha") != "asha":

@@ -196,6 +196,7 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
                 **params,
                 "best_accuracy": summary.get("best_accuracy"),
                 "final_accuracy": summary.get("final_accuracy"),
+                "last5_accuracy": summary.get("last5_accuracy"),
                 "rounds": summary.get("rounds", 0),
                 "wall_time_s": summary.get("wall_time_s"),
                 "status": "error"
@@ -209,7 +210,7 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
 
 
 def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
-    columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "rounds", "status"]
+    columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "last5_accuracy", "rounds", "status"]
 
     def cell(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)

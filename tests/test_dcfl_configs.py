@@ -17,6 +17,7 @@ BASES = ("fedavg", "fedprox", "fednova", "feddisco")
 COMPARISONS = {
     "fmnist_ck2_cpu.yaml": "fedavg/fmnist_ck2_20c_cpu.yaml",
     "fmnist_dir0.1_cpu.yaml": "fedavg/fmnist_dir0.1_20c_cpu.yaml",
+    "fmnist_dir0.5_cpu.yaml": "fedavg/fmnist_dir0.5_20c_cpu.yaml",
     "cifar10_ck2_cpu.yaml": "fedavg/cifar10_ck2_20c_cpu.yaml",
 }
 TABLE_III = {"dir0.5": [0.86, 0.87], "dir0.1": [0.66, 0.8], "ck2": [0.73, 0.78]}

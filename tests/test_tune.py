@@ -45,7 +45,7 @@ def write_sweep(tmp_path: Path, **fields) -> Path:
         ({"space": {"local.lr": {"loguniform": [0, 1]}}}, "needs low > 0"),
         ({"space": {"local.lr": {"uniform": [1, 0.5]}}}, "low < high"),
         ({"space": {"partition.alpha": {"grid": [0]}}}, "partition.alpha must be > 0"),
-        ({"metric": "loss"}, "metric must be best_accuracy or final_accuracy"),
+        ({"metric": "loss"}, "metric must be best_accuracy, final_accuracy or last5_accuracy"),
         ({"base": "/no/such.yaml"}, "does not exist"),
         ({"scheduler": {"kind": "hyperband"}}, "scheduler must be"),
         ({"trials": 3}, "unknown key(s) trials"),

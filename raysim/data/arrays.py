@@ -83,3 +83,28 @@ class ArrayDataset:
         mean = total / n
         var = np.maximum(total_sq / n - mean**2, 0.0)
         return (mean / 255.0).astype(np.float32), (np.sqrt(var) / 255.0).astype(np.float32)
+
+
+def with_validation_split(dataset: ArrayDataset, fraction: float, rng: np.random.Generator) -> ArrayDataset:
+    """`dataset` with `fraction` of every class of its training split held out as its test split
+    (eval.split: validation): the training images that remain are what clients are partitioned
+    over, and the test split proper is not used. Each class keeps at least one training image."""
+    held = []
+    for label in np.unique(dataset.train_y):
+        members = np.flatnonzero(dataset.train_y == label)
+        take = min(max(1, round(fraction * len(members))), len(members) - 1)
+        held.append(rng.choice(members, size=take, replace=False))
+    val = np.sort(np.concatenate(held))
+    keep = np.setdiff1d(np.arange(len(dataset.train_y)), val)
+    domain = dataset.train_domain
+    return ArrayDataset(
+        name=dataset.name,
+        classes=dataset.classes,
+        train_x=dataset.train_x[keep],
+        train_y=dataset.train_y[keep],
+        test_x=dataset.train_x[val],
+        test_y=dataset.train_y[val],
+        domains=dataset.domains,
+        train_domain=None if domain is None else domain[keep],
+        test_domain=None if domain is None else domain[val],
+    )

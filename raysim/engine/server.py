@@ -76,7 +76,17 @@ class ServerRuntime:
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         self.threads = configure_torch(threads, self.device, config.resources.deterministic, config.resources.tf32)
-        self.ctx = Context(config, spec, self.device, config.model, mean, std, log=ServerLog(), data_digest=data_digest)
+        self.ctx = Context(
+            config,
+            spec,
+            self.device,
+            config.model,
+            mean,
+            std,
+            log=ServerLog(),
+            data_digest=data_digest,
+            label_counts=partition_counts,
+        )
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
@@ -294,6 +304,7 @@ class ServerRuntime:
         return {
             "algorithm": self.config.algorithm["name"],
             "dataset": self.config.dataset.name,
+            "evaluated_on": self.config.eval.split,  # test, or the held-out validation share of the training split
             "seed": self.config.seed,
             "rounds": self.completed,
             "rounds_planned": self.config.rounds,
