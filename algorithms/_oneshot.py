@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from raysim import client_cache
@@ -154,14 +155,28 @@ class OneShot(Algorithm):
     def cache_key(self, ctx: Context) -> str | None:
         if not self.params.cache_client_stage or ctx.data_digest is None:
             return None
-        return client_cache.client_stage_key(self.config, ctx.data_digest)
+        return client_cache.client_stage_key(self.config, ctx.data_digest, ctx.mean, ctx.std)
+
+    def expected_entry(self, ctx: Context) -> client_cache.Expected:
+        """What this run's client stage yields: each client's tensor shapes and sample count."""
+        shapes, by_arch = {}, {}
+        for k in range(self.config.clients.num):
+            arch = ctx.spec.client_architecture(k)
+            if arch.describe() not in by_arch:
+                weights = module_weights(ctx.model("cache_check", arch))
+                by_arch[arch.describe()] = {name: tuple(a.shape) for name, a in weights.items()}
+            shapes[k] = by_arch[arch.describe()]
+        counts = ctx.label_counts
+        sizes = None if counts is None else {k: int(n) for k, n in enumerate(np.asarray(counts).sum(1))}
+        return client_cache.Expected(shapes, sizes)
 
     def select_clients(self, state, round_index, rng, ctx) -> list[int]:
         g, epoch = self.position(state, round_index)
         if epoch:
             return []
         key = self.cache_key(ctx) if g == 1 else None
-        self._cached_clients = client_cache.load(key) if key is not None else None  # an unreadable entry is a miss
+        # an unreadable entry, or one that is not this run's clients, is a miss
+        self._cached_clients = client_cache.load(key, self.expected_entry(ctx)) if key is not None else None
         return [] if self._cached_clients is not None else list(range(self.config.clients.num))
 
     def broadcast(self, state, round_index, participants):

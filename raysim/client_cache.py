@@ -1,12 +1,16 @@
 """A disk cache of the one-shot client stage: every client's trained model, keyed by everything
 that determines it, so that the one-shot methods compared on one setting train the clients once.
 
-The key hashes the training data and partition (`ctx.data_digest`), each client's architecture,
-the local-training settings, the seed, the torch version and whether clients train on GPUs (CPU
-and CUDA kernels round differently). Entries live in ``$RAYSIM_CACHE_DIR/client_stage/<key>.pt``
-(default ``~/.cache/raysim``), hold only tensors and plain containers (they load with
-``weights_only=True``, so an entry cannot run code), and are written to a temporary file and
-moved into place, so a killed run never leaves half an entry. An unreadable entry is a miss.
+The key hashes the training data and partition (`ctx.data_digest`), the normalisation the clients
+train with (resolved: the configured or the computed mean and std), the torch version, and the whole
+resolved config except what cannot change the client stage (`NOT_CLIENT_STAGE`, `SCHEDULING`): the
+key is derived from the config, not from a hand-kept list of what matters, so a key added to the
+config later is in it (a needless miss at worst, never a wrong hit). Entries live in
+``$RAYSIM_CACHE_DIR/client_stage/<key>.pt`` (default ``~/.cache/raysim``), hold only tensors and
+plain containers (they load with ``weights_only=True``, so an entry cannot run code), and are
+written to a temporary file and moved into place, so a killed run never leaves half an entry.
+An entry is checked before use (`Expected`: every client, each tensor's name and shape against its
+model, finite values, each client's sample count); an unreadable or failing entry is a miss.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import hashlib
 import json
 import os
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,40 +29,87 @@ import torch
 from raysim.config import Config, client_architectures
 from raysim.data.cache import cache_root
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+# Config sections the client stage never sees: the server's side and the outputs. The data's place
+# (dataset.root) is left out too: its content is in the data digest.
+NOT_CLIENT_STAGE = ("algorithm", "rounds", "eval", "output")
+# Where and on how many processes a run goes: results are equal across these (tested), so they
+# stay out; whether clients train on a GPU (CPU and CUDA kernels round differently) stays in.
+SCHEDULING = (
+    "actors",
+    "cpus_per_actor",
+    "gpus_per_actor",
+    "server_gpus",
+    "server_threads",
+    "num_cpus",
+    "num_gpus",
+    "object_store_mb",
+    "max_restarts",
+    "max_task_retries",
+    "address",
+    "in_process",
+)
 
 
 def cache_dir() -> Path:
     return cache_root() / "client_stage"
 
 
-def client_stage_key(config: Config, data_digest: str) -> str:
+def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np.ndarray) -> str:
+    """The entry's name: a hash of everything that decides the clients' trained models."""
+    tree = {k: v for k, v in config.to_dict().items() if k not in NOT_CLIENT_STAGE}
+    tree["dataset"] = {k: v for k, v in tree["dataset"].items() if k != "root"}
+    resources = tree.pop("resources")
+    tree["resources"] = {k: v for k, v in resources.items() if k not in SCHEDULING}
+    tree["resources"]["gpu"] = resources["gpus_per_actor"] > 0
     described = {
         "version": FORMAT_VERSION,
-        "data": data_digest,
-        "seed": config.seed,
+        "config": tree,
         "architectures": [asdict(a) for a in client_architectures(config)],
-        "local": asdict(config.local),
+        "data": data_digest,
+        "mean": np.asarray(mean, dtype=np.float64).round(8).tolist(),
+        "std": np.asarray(std, dtype=np.float64).round(8).tolist(),
         "torch": torch.__version__,
-        "gpu": config.resources.gpus_per_actor > 0,
-        "deterministic": config.resources.deterministic,
     }
-    if described["gpu"]:  # only on a GPU, so that the keys of CPU runs stay as they were
-        described["tf32"] = config.resources.tf32
     return hashlib.blake2b(json.dumps(described, sort_keys=True).encode(), digest_size=16).hexdigest()
 
 
-def load(key: str) -> tuple[dict[int, dict[str, np.ndarray]], dict[int, int]] | None:
-    """(weights per client, samples per client), or None on a miss."""
+@dataclass
+class Expected:
+    """What a usable entry holds: each client's tensor shapes (name -> shape) and sample count."""
+
+    shapes: dict[int, dict[str, tuple[int, ...]]]
+    num_samples: dict[int, int] | None  # None: not known here, only checked to be positive
+
+    def accepts(self, weights: dict[int, dict[str, np.ndarray]], num_samples: dict[int, int]) -> bool:
+        if sorted(weights) != sorted(self.shapes) or sorted(num_samples) != sorted(self.shapes):
+            return False
+        if self.num_samples is not None and num_samples != self.num_samples:
+            return False
+        if any(n <= 0 for n in num_samples.values()):
+            return False
+        for k, tensors in weights.items():
+            if {name: tuple(a.shape) for name, a in tensors.items()} != self.shapes[k]:
+                return False
+            if any(np.issubdtype(a.dtype, np.floating) and not np.isfinite(a).all() for a in tensors.values()):
+                return False
+        return True
+
+
+def load(key: str, expected: Expected) -> tuple[dict[int, dict[str, np.ndarray]], dict[int, int]] | None:
+    """(weights per client, samples per client), or None on a miss: no entry, an unreadable one, or
+    one that `expected` does not accept."""
     path = cache_dir() / f"{key}.pt"
     if not path.is_file():
         return None
     try:
         entry = torch.load(path, weights_only=True)
         weights = {int(k): {name: t.numpy() for name, t in w.items()} for k, w in entry["weights"].items()}
-        return weights, {int(k): int(n) for k, n in entry["num_samples"].items()}
+        sizes = {int(k): int(n) for k, n in entry["num_samples"].items()}
     except Exception:  # noqa: BLE001 - any unreadable entry is a miss, rebuilt by the caller
         return None
+    return (weights, sizes) if expected.accepts(weights, sizes) else None
 
 
 def save(key: str, weights: dict[int, dict[str, np.ndarray]], num_samples: dict[int, int]) -> None:

@@ -148,7 +148,9 @@ LEARNS_WITH["feddf"] = {
 # (measured: 0.600, 0.532, 0.587); the others build on the previous round.
 # FedAvg one-shot and OT fusion combine the models once, in round 1, and keep the result; FedDF's
 # round 1 is the clients' average it starts from (measured: 0.821, then 0.801-0.821 while it distils).
-NOT_MONOTONE = {"feddm", "fedavg_oneshot", "ot_fusion", "feddf"}
+# DCFL's round 1 ends its pre-training: the server's model trained on the pooled condensed sets, which
+# the next aggregations of alpha-0.1 clients can pull below (measured: 0.579, 0.508, 0.566).
+NOT_MONOTONE = {"feddm", "fedavg_oneshot", "ot_fusion", "feddf", "dcfl"}
 
 
 @pytest.mark.parametrize("name", builtin_names())

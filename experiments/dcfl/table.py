@@ -19,7 +19,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-ORDER = ["fedavg", "dcfl", "fedprox", "dcfl_fedprox", "cka_alone", "dsa_alone", "dcfl_mix", "dcfl_random_groups"]
+ORDER = [
+    "fedavg",
+    "dcfl",
+    "fedprox",
+    "dcfl_fedprox",
+    "cka_alone",
+    "dsa_alone",
+    "dcfl_mix",
+    "dcfl_random_groups",
+    "dcfl_cka_update",
+    "dcfl_cka_latest",
+]
 LABELS = {
     "fedavg": "FedAvg",
     "dcfl": "DCFL on FedAvg (fine-tune)",
@@ -29,6 +40,8 @@ LABELS = {
     "dsa_alone": "FedAvg + DSA",
     "dcfl_mix": "DCFL, mix instead of fine-tune",
     "dcfl_random_groups": "DCFL, random groups",
+    "dcfl_cka_update": "DCFL, cka_on: update",
+    "dcfl_cka_latest": "DCFL, cka_on: latest",
 }
 
 
@@ -111,8 +124,31 @@ def table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+ROUNDS = (1, 2, 3, 5, 10, 20, 30, 40)
+
+
+def rho_by_round(folder: Path) -> str:
+    """cka_label_spearman at a few rounds, mean over the seeds, for every variant that logs it."""
+    lines = ["| variant | " + " | ".join(f"r{r}" for r in ROUNDS) + " |", "|" + "---|" * (len(ROUNDS) + 1)]
+    for run_variant in [v for v in ORDER if v != "fedavg" and v != "fedprox"]:
+        per_seed = [
+            dict(server_series(d, "cka_label_spearman"))
+            for d in sorted(folder.glob(f"s*-{run_variant}"))
+            if (d / "summary.json").is_file()
+        ]
+        if not any(per_seed):
+            continue
+        cells = []
+        for r in ROUNDS:
+            values = [s[r] for s in per_seed if r in s]
+            cells.append(f"{np.mean(values):.2f}" if values else "-")
+        lines.append(f"| {LABELS[run_variant]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     root = Path(sys.argv[1])
     for setting in ("ck2", "dir0.1", "dir0.5"):
         if (root / setting).is_dir():
             print(f"\n### FMNIST {setting}\n\n{table(root / setting)}")
+            print(f"\ncka_label_spearman by round (mean over seeds):\n\n{rho_by_round(root / setting)}")
