@@ -222,6 +222,7 @@ def run_experiment(
     exp = experiment or prepare(config)
     res = config.resources
     with owning(run_dir), ray_session(res, address):
+        check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
         if res.in_process:
             server, actors, refs = _in_process(config, exp, run_dir)
         else:
@@ -245,6 +246,17 @@ def run_experiment(
             if not res.in_process:
                 for handle in [server, *actors, refs[0]]:
                     ray.kill(handle, no_restart=True)
+
+
+def check_resumable(run_dir: Path) -> None:
+    """A run directory with a checkpoint continues only if its metrics.parquet holds every finished
+    round (the summary is computed from it): otherwise one error naming the file."""
+    from raysim.outputs.metrics import MetricsTable
+    from raysim.outputs.state_files import read_checkpoint
+
+    checkpoint = read_checkpoint(run_dir)
+    if checkpoint is not None:
+        MetricsTable(run_dir / "metrics.parquet", resume_through_round=checkpoint["round"])
 
 
 def write_actors_file(run_dir: Path, actor_info: list[dict[str, Any]], per_client_models: bool) -> None:

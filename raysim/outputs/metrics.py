@@ -12,6 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysim.errors import RaysimError
 from raysim.outputs.files import atomic_write
 
 SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa.string()), ("value", pa.float64())])
@@ -29,11 +30,14 @@ class MetricsTable:
     def __init__(self, path: Path, resume_through_round: int | None = None):
         self.path = path
         self.rows: list[Row] = []
-        if resume_through_round is not None and path.exists():
-            table = pq.read_table(path).to_pylist()
-            self.rows = [
-                (r["round"], r["client"], r["metric"], r["value"]) for r in table if r["round"] <= resume_through_round
-            ]
+        if resume_through_round:  # a resume: the finished rounds' records must all be there
+            self.rows = [r for r in read_rows(path) if r[0] <= resume_through_round]
+            last = max((r[0] for r in self.rows), default=0)
+            if last < resume_through_round:
+                raise RaysimError(
+                    f"{path} ends at round {last} but the checkpoint is at round {resume_through_round}: "
+                    "the summary would leave rounds out, so this run cannot be resumed; start a fresh run"
+                )
 
     def add(self, round_index: int, client: int | None, metric: str, value: float) -> None:
         self.rows.append((round_index, client, metric, float(value)))
@@ -45,3 +49,20 @@ class MetricsTable:
         columns = list(zip(*self.rows)) if self.rows else [[], [], [], []]
         table = pa.table({name: list(col) for name, col in zip(SCHEMA.names, columns)}, schema=SCHEMA)
         atomic_write(self.path, lambda p: pq.write_table(table, p))
+
+
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a run's metrics.parquet; a missing or unreadable file is one clear error naming it."""
+    if not path.is_file():
+        raise RaysimError(
+            f"{path} is missing but the run has a checkpoint: the finished rounds' records are gone, so this "
+            "run cannot be resumed with a true summary; start a fresh run"
+        )
+    try:
+        table = pq.read_table(path).to_pylist()
+    except Exception as error:  # noqa: BLE001 - any unreadable file: say which and why
+        raise RaysimError(
+            f"{path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}): this run "
+            "cannot be resumed with a true summary; start a fresh run"
+        ) from None
+    return [(r["round"], r["client"], r["metric"], r["value"]) for r in table]

@@ -1,0 +1,66 @@
+"""A resume that cannot give a true summary is refused with one line naming the file (issue 45, item 2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raysim.config import load_config
+from raysim.errors import RaysimError
+from tests.conftest import tiny_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def two_rounds(tmp_path: Path, **extra) -> Path:
+    from raysim.runner import run_experiment
+
+    run_dir = tmp_path / "run"
+    config = load_config(
+        ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{"resources.in_process": True, **extra})
+    )
+    run_experiment(config, run_dir)
+    return run_dir
+
+
+def resume(run_dir: Path, *overrides: str):
+    from raysim.runner import resume_config, run_experiment
+
+    return run_experiment(resume_config(run_dir, list(overrides)), run_dir)
+
+
+def test_a_resume_without_metrics_parquet_is_refused_naming_it(tmp_path):
+    run_dir = two_rounds(tmp_path)
+    (run_dir / "metrics.parquet").unlink()
+    with pytest.raises(RaysimError, match=r"metrics.parquet is missing but the run has a checkpoint"):
+        resume(run_dir, "rounds=3")
+
+
+def test_a_resume_with_metrics_parquet_short_of_the_checkpoint_is_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    run_dir = two_rounds(tmp_path)
+    table = pq.read_table(run_dir / "metrics.parquet")
+    pq.write_table(
+        table.filter(pq.read_table(run_dir / "metrics.parquet")["round"].to_numpy() < 2), run_dir / "metrics.parquet"
+    )
+    with pytest.raises(RaysimError, match=r"ends at round 1 but the checkpoint is at round 2"):
+        resume(run_dir, "rounds=3")
+
+
+def test_a_truncated_metrics_parquet_is_one_line_naming_it_also_through_actors(tmp_path):
+    run_dir = two_rounds(tmp_path)
+    path = run_dir / "metrics.parquet"
+    path.write_bytes(path.read_bytes()[:50])
+    done = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir), "rounds=3", "resources.in_process=false"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("note:")]
+    assert len(lines) == 1 and "metrics.parquet cannot be read" in lines[0], done.stderr
