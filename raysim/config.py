@@ -388,6 +388,23 @@ def validate(config: Config) -> None:
             raise RaysimError(message)
 
     need(config.rounds >= 1, f"rounds must be >= 1, got {config.rounds}")
+    for name, seed in (("seed", config.seed), ("partition.seed", config.partition.seed)):
+        need(
+            seed is None or 0 <= seed < 2**32,
+            f"{name} must be in [0, 2^32), got {seed}: every random draw is seeded from 32 bits, so a seed "
+            "outside that range would silently repeat another",
+        )
+    # sizes that fail only once a round runs (and a resume cannot change): refused here
+    for name, value in (
+        ("eval.batch_size", config.eval.batch_size),
+        ("partition.max_tries", config.partition.max_tries),
+    ):
+        need(value >= 1, f"{name} must be >= 1, got {value}")
+    need(
+        config.resources.object_store_mb >= 75,
+        "resources.object_store_mb must be >= 75 (Ray's smallest object store), "
+        f"got {config.resources.object_store_mb}",
+    )
     need(config.clients.num >= 1, f"clients.num must be >= 1, got {config.clients.num}")
     per = config.clients.per_round
     need(

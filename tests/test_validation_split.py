@@ -66,3 +66,20 @@ def test_a_run_on_the_validation_split_says_so(tmp_path):
 def test_bad_validation_settings_are_one_clear_line(override, message):
     with pytest.raises(RaysimError, match=message):
         load_config(QUICKSTART, tiny_overrides() + [override])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("seed=4294967296", r"seed must be in \[0, 2\^32\), got 4294967296"),
+        ("seed=-1", r"seed must be in \[0, 2\^32\), got -1"),
+        ("partition.seed=-3", r"partition.seed must be in \[0, 2\^32\), got -3"),
+        ("eval.batch_size=0", "eval.batch_size must be >= 1, got 0"),
+        ("partition.max_tries=0", "partition.max_tries must be >= 1, got 0"),
+        ("resources.object_store_mb=0", r"resources.object_store_mb must be >= 75 \(Ray's smallest object store\)"),
+    ],
+)
+def test_seeds_and_sizes_that_would_fail_later_or_repeat_another_seed_are_refused_up_front(override, message):
+    """Issue 45, items 8, 10 (object store) and 11: refused when the config is read, not in round 1."""
+    with pytest.raises(RaysimError, match=message):
+        load_config(QUICKSTART, tiny_overrides() + [override])

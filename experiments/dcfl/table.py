@@ -71,11 +71,17 @@ def measures(run_dir: Path) -> dict:
     }
 
 
+def finished(run_dir: Path) -> bool:
+    """A run that has written its last round (a running one already has a summary.json)."""
+    path = run_dir / "summary.json"
+    return path.is_file() and json.loads(path.read_text()).get("finished", False)
+
+
 def collect(folder: Path) -> dict[str, dict[int, dict]]:
     found: dict[str, dict[int, dict]] = {}
     for run_dir in sorted(folder.iterdir()):
         match = re.fullmatch(r"s(\d+)-(.+)", run_dir.name)
-        if match and (run_dir / "summary.json").is_file():
+        if match and finished(run_dir):
             found.setdefault(match.group(2), {})[int(match.group(1))] = measures(run_dir)
     return found
 
@@ -134,7 +140,7 @@ def rho_by_round(folder: Path) -> str:
         per_seed = [
             dict(server_series(d, "cka_label_spearman"))
             for d in sorted(folder.glob(f"s*-{run_variant}"))
-            if (d / "summary.json").is_file()
+            if finished(d)
         ]
         if not any(per_seed):
             continue
