@@ -97,18 +97,34 @@ def read_runs(run_dirs: list[str]) -> list[tuple[Path, dict[str, Any], dict[str,
     return [(Path(d), *read_run(Path(d))) for d in run_dirs]
 
 
-def group_runs(runs: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> dict[str, list]:
+def group_runs(
+    runs: list[tuple[Path, dict[str, Any], dict[str, Any]]], repeats: list[str] | None = None
+) -> dict[str, list]:
     """Experiments, in the order first met: runs whose configs differ only by seed (experiment_key) fold
-    into one, as a list of (run_dir, summary, config)."""
+    into one, as a list of (run_dir, summary, config), one run per seed: a directory given twice is
+    read once, and a second run of a seed already counted is left out and described in `repeats`."""
     groups: dict[str, list] = {}
+    kept: dict[tuple[str, Any], Path] = {}
+    read: set[Path] = set()
     for run_dir, summary, config in runs:
-        groups.setdefault(experiment_key(config), []).append((run_dir, summary, config))
+        if Path(run_dir).resolve() in read:
+            continue
+        read.add(Path(run_dir).resolve())
+        key = experiment_key(config)
+        seed = config.get("seed")
+        if (key, seed) in kept:
+            if repeats is not None:
+                repeats.append(f"{run_dir} repeats seed {seed} of {kept[(key, seed)]}: counted once")
+            continue
+        kept[(key, seed)] = run_dir
+        groups.setdefault(key, []).append((run_dir, summary, config))
     return groups
 
 
 def report(run_dirs: list[str]) -> str:
     runs = read_runs(run_dirs)
-    groups = group_runs(runs)
+    repeats: list[str] = []
+    groups = group_runs(runs, repeats)
     differing = differing_keys([c for _, _, c in runs])
     header = ["experiment", "seeds", "final acc", "best acc", "last-5 acc", "rounds", "MB up", "MB down", "time s"]
     # Domain-skew runs (DomainNet): the papers' figure, the mean of the per-domain test accuracies.
@@ -142,6 +158,8 @@ def report(run_dirs: list[str]) -> str:
             rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
         rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
+    if repeats:
+        text += "\n" + "\n".join(f"note: {line}" for line in repeats)
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text
 

@@ -210,7 +210,8 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
 
 
 def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
-    columns = ["trial_id", *sweep.space, "best_accuracy", "final_accuracy", "last5_accuracy", "rounds", "status"]
+    measures = ["best_accuracy", "final_accuracy"] + (["last5_accuracy"] if sweep.metric == "last5_accuracy" else [])
+    columns = ["trial_id", *sweep.space, *measures, "rounds", "status"]
 
     def cell(value: Any) -> str:
         return f"{value:.4g}" if isinstance(value, float) else str(value)

@@ -4,6 +4,7 @@ seeds; and the one text-table printer (raysim.tables) behind report, tune and pa
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -185,7 +186,20 @@ def test_the_three_tables_use_the_shared_printer():
             "status": "error",
         },
     ]
-    lines = format_table(rows, SimpleNamespace(space={"local.lr": None})).splitlines()
+    lines = format_table(rows, SimpleNamespace(space={"local.lr": None}, metric="best_accuracy")).splitlines()
     assert lines[0].split() == ["trial_id", "local.lr", "best_accuracy", "final_accuracy", "rounds", "status"]
     assert lines[2] == "ab_00000      0.05         0.6123             0.6       3  finished"
     assert lines[3] == "ab_00001       0.1           None            None       1  error"
+
+
+def test_report_counts_each_seed_once_and_says_when_runs_repeat_one(tmp_path):
+    """Issue 45, item 3: the same directory twice, or two runs of one seed, are not two seeds."""
+    from raysim.report import report
+
+    for name, seed in (("a", 0), ("copy", 0), ("b", 1)):
+        fake_run(tmp_path / name, seed)
+    same_twice = report([str(tmp_path / "a"), str(tmp_path / "a")])
+    assert re.search(r"fedavg embedded\s+1\s", same_twice) and "note:" not in same_twice
+    repeated = report([str(tmp_path / "a"), str(tmp_path / "copy"), str(tmp_path / "b")])
+    assert re.search(r"fedavg embedded\s+2\s", repeated)  # seeds 0 and 1
+    assert f"note: {tmp_path / 'copy'} repeats seed 0 of {tmp_path / 'a'}: counted once" in repeated
