@@ -63,6 +63,8 @@ def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np
     resources = tree.pop("resources")
     tree["resources"] = {k: v for k, v in resources.items() if k not in SCHEDULING}
     tree["resources"]["gpu"] = resources["gpus_per_actor"] > 0
+    if not tree["resources"]["gpu"]:
+        tree["resources"].pop("tf32")  # TF32 is a CUDA setting: CPU clients train the same without it
     described = {
         "version": FORMAT_VERSION,
         "config": tree,

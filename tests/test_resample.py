@@ -114,7 +114,8 @@ def test_the_client_stage_cache_key_follows_tf32_on_a_gpu_only():
     from raysim.shipped_configs import ROOT
 
     def key(*overrides):
-        return client_stage_key(load_config(ROOT / "quickstart.yaml", list(overrides)), "digest")
+        config = load_config(ROOT / "quickstart.yaml", list(overrides))
+        return client_stage_key(config, "digest", [0.3, 0.3, 0.3], [0.25, 0.25, 0.25])
 
     assert key("resources.tf32=false") == key()
     gpu = "resources.gpus_per_actor=0.5"
