@@ -246,7 +246,6 @@ class DCFL(Algorithm):
         return {
             "weights": weights,
             "initial": weights if self.params.cka_on == "initial" else None,  # w^0, for late first-timers
-            "moved": False,  # whether the global model has left w^0
             "seen": [],
             "classifiers": {},
             "pool": {},
@@ -256,6 +255,11 @@ class DCFL(Algorithm):
 
     def pretraining(self, round_index: int) -> bool:
         return round_index <= self.params.pretrain_rounds
+
+    def left_initial(self, round_index: int) -> bool:
+        """Whether the round's global model differs from w^0: it changes at the end of pre-training
+        (round M, the pool always holds round 1's sets) or, without pre-training, after round 1."""
+        return round_index > max(self.params.pretrain_rounds, 1)
 
     def select_clients(self, state, round_index, rng, ctx):
         p, num = self.params, self.config.clients.num
@@ -288,7 +292,7 @@ class DCFL(Algorithm):
         first = [k for k in participants if k not in state["seen"]]
         if first:
             part = {"condense": True}
-            if self.params.cka_on == "initial" and state["moved"]:
+            if self.params.cka_on == "initial" and self.left_initial(round_index):
                 part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
             out.to(first, part)
         if self.params.use_condensed == "none":
@@ -331,10 +335,10 @@ class DCFL(Algorithm):
             self.update_cka(state, r.client, r.message)
         if self.pretraining(round_index):
             if round_index == self.params.pretrain_rounds and state["pool"]:
-                state["weights"], state["moved"] = self.train_on_pool(state, round_index, ctx), True
+                state["weights"] = self.train_on_pool(state, round_index, ctx)
         elif replies:
             resized = [Reply(r.client, int(r.message["data_size"]), r.message) for r in replies]
-            state["weights"], state["moved"] = self.base.aggregate(state, resized, ctx), True
+            state["weights"] = self.base.aggregate(state, resized, ctx)
         if self.params.filter_ratio > 0:
             state["pool_loss"] = self.pool_losses(state, ctx)
         self.log_diagnostics(state, ctx)
@@ -407,18 +411,7 @@ class DCFL(Algorithm):
         x, y = client.x, client.y
         if p.use_condensed == "mix" and extra_y is not None:
             x, y = torch.cat([x, extra_x]), torch.cat([y, extra_y])
-        stats = train(
-            model,
-            x,
-            y,
-            epochs=local.epochs,
-            batch_size=local.batch_size,
-            optimizer=make_optimizer(model.parameters(), local),
-            generator=client.generator,
-            loss_fn=loss_fn,
-            augment=augment,
-            grad_hook=hook,
-        )
+        stats = self.train_locally(model, x, y, payload, client, ctx, augment)
         steps = stats.steps
         if p.use_condensed == "finetune" and extra_y is not None:
             tune = torch.optim.SGD(model.parameters(), lr=p.finetune_lr, momentum=local.momentum)
@@ -456,19 +449,24 @@ class DCFL(Algorithm):
         start = {**payload, "weights": payload["cka_from"]}
         model = ctx.model("cka")
         load_weights(model, start["weights"])
-        train(
-            model,
-            client.x,
-            client.y,
-            epochs=self.config.local.epochs,
-            batch_size=self.config.local.batch_size,
-            optimizer=make_optimizer(model.parameters(), self.config.local),
-            generator=client.generator,
-            loss_fn=self.base.local_loss(start, client, ctx),
-            augment=augment,
-            grad_hook=self.base.grad_hook(start, client, ctx),
-        )
+        self.train_locally(model, client.x, client.y, start, client, ctx, augment)
         return model.classifier.weight.detach().cpu().numpy().copy()
+
+    def train_locally(self, model, x, y, payload, client: ClientData, ctx, augment):
+        """E_c epochs of the base's local objective (anchored at payload's weights) on (x, y)."""
+        local = self.config.local
+        return train(
+            model,
+            x,
+            y,
+            epochs=local.epochs,
+            batch_size=local.batch_size,
+            optimizer=make_optimizer(model.parameters(), local),
+            generator=client.generator,
+            loss_fn=self.base.local_loss(payload, client, ctx),
+            augment=augment,
+            grad_hook=self.base.grad_hook(payload, client, ctx),
+        )
 
     def received(self, payload, client: ClientData, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """What a returning client trains on besides its data: the group's condensed sets it received
