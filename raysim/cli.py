@@ -31,7 +31,17 @@ def _run(args: argparse.Namespace) -> int:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
         overrides = ([args.config] if args.config else []) + args.overrides
         run_dir = Path(args.resume)
-        config = resume_config(run_dir, overrides)
+        if args.allow_code:
+            config = resume_config(run_dir, overrides)
+        else:
+            from raysim.plugins import user_code_refused
+
+            why = (
+                f"named by '{run_dir / 'config.yaml'}': a resumed run imports no code unless you vouch "
+                f"for its directory: add --allow-code if you wrote or trust this run"
+            )
+            with user_code_refused(why):
+                config = resume_config(run_dir, overrides)
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
         done = completed_rounds(run_dir)  # an unreadable checkpoint is refused here, before Ray starts
         if done >= config.rounds:
@@ -173,14 +183,18 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.resume:
         if args.sweep:
             raise RaysimError("give either SWEEP.yaml or --resume DIR, not both")
-        resume_sweep(Path(args.resume), args.address)
+        resume_sweep(Path(args.resume), args.address, allow_code=args.allow_code)
         return 0
     if not args.sweep:
         raise RaysimError("no sweep given: raysim tune SWEEP.yaml --out DIR (try configs/sweeps/cpu.yaml)")
     if not args.out:
         raise RaysimError("raysim tune needs --out DIR: the sweep's trials, table and best.yaml go there")
     out = Path(args.out)
-    if (out / "sweep.yaml").exists():
+    from raysim.tuning import TUNE_DIR
+
+    # Tune's state appears once the sweep has started: before that (a sweep refused while starting)
+    # the same --out can simply be used again.
+    if (out / TUNE_DIR).exists():
         raise RaysimError(
             f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' or choose another --out"
         )
@@ -216,6 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default: output.dir/ALGO-DATASET-sSEED-TIME)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
     run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.add_argument(
+        "--allow-code",
+        action="store_true",
+        help="with --resume: import the user code (package.module:name) the run's config names; "
+        "without it a received run directory cannot run code",
+    )
     run.set_defaults(func=_cmd_run)
 
     part = sub.add_parser("partition", help="print (and plot) the per-client class counts of a config")
@@ -246,6 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", help="sweep directory: trials, trials.parquet, best.yaml")
     tune.add_argument("--resume", metavar="DIR", help="continue the interrupted sweep in DIR")
     tune.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    tune.add_argument(
+        "--allow-code",
+        action="store_true",
+        help="with --resume: restore Tune state that does not carry your signature (it is pickled: "
+        "restoring runs what it holds); only for a sweep you made",
+    )
     tune.set_defaults(func=_cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")

@@ -26,6 +26,8 @@ need the contract above (``embed`` and ``classifier``).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -409,9 +411,26 @@ def _strided_pointwise_convs_contiguous(model: nn.Module) -> nn.Module:
     return model
 
 
+def _check_factory_signature(factory: Any, path: str) -> None:
+    """The factory must accept the three keyword arguments raysim passes, checked before it is called."""
+    import inspect
+
+    expected = "def factory(in_channels, num_classes, image_size) returning a torch.nn.Module"
+    if not callable(factory):
+        raise RaysimError(f"model.name='{path}' is a {type(factory).__name__}, not a factory: write {expected}")
+    try:
+        inspect.signature(factory).bind(in_channels=1, num_classes=2, image_size=28)
+    except (TypeError, ValueError) as exc:
+        raise RaysimError(
+            f"model.name='{path}' does not take the model arguments in_channels, num_classes, image_size "
+            f"({exc}): write {expected}"
+        ) from None
+
+
 def _user_model(path: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
     """A model from the user's own code, `package.module:factory`."""
     factory = load_object(path, "model.name", "model factory")
+    _check_factory_signature(factory, path)
     model = factory(in_channels=in_channels, num_classes=num_classes, image_size=image_size)
     if not isinstance(model, nn.Module):
         raise RaysimError(

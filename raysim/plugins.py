@@ -4,10 +4,29 @@ from __future__ import annotations
 
 import importlib
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from raysim.errors import RaysimError
+
+_refusal: str | None = None  # set while a config whose code the user has not vouched for is read
+
+
+@contextmanager
+def user_code_refused(why: str):
+    """Within the block, a config naming user code is refused with `why` instead of imported.
+
+    Used for `raysim run --resume`: a run directory may come from someone else, and importing
+    `algorithm.name: helpers:Plain` would run that module's code (the working directory, often the
+    run directory itself, is on the import path).
+    """
+    global _refusal
+    before, _refusal = _refusal, why
+    try:
+        yield
+    finally:
+        _refusal = before
 
 
 def load_object(path: str, key: str, what: str) -> Any:
@@ -19,6 +38,8 @@ def load_object(path: str, key: str, what: str) -> Any:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute or ":" in attribute:
         raise RaysimError(f"{key}='{path}' is not of the form package.module:name: write e.g. my_algo:MyAlgorithm")
+    if _refusal is not None:
+        raise RaysimError(f"{key}='{path}' is user code, {_refusal}")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:

@@ -17,7 +17,22 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
     if not summary_path.is_file() or not config_path.is_file():
         raise RaysimError(f"'{run_dir}' is not a finished or running raysim run (no summary.json/config.yaml)")
-    return json.loads(summary_path.read_text()), yaml.safe_load(config_path.read_text())
+    way_out = "pass the folder of a run raysim wrote (or leave this one out)"
+    try:
+        summary = json.loads(summary_path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RaysimError(f"{summary_path} is not valid JSON ({exc}): {way_out}") from None
+    try:
+        config = yaml.safe_load(config_path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        problem = str(exc).strip().splitlines()[0]
+        raise RaysimError(f"{config_path} is not a plain YAML config ({problem}): {way_out}") from None
+    for path, value in ((summary_path, summary), (config_path, config)):
+        if not isinstance(value, dict):
+            raise RaysimError(f"{path} holds a {type(value).__name__}, not the mapping raysim writes: {way_out}")
+    if not isinstance(config.get("algorithm"), dict) or not isinstance(config.get("dataset"), dict):
+        raise RaysimError(f"{config_path} lacks the algorithm and dataset sections raysim writes: {way_out}")
+    return summary, config
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:

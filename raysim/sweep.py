@@ -20,6 +20,7 @@ This module only reads and checks the file; `raysim.tuning` runs it with Ray Tun
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,19 @@ from raysim.errors import RaysimError
 
 SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")
 METRICS = ("best_accuracy", "final_accuracy", "last5_accuracy")
+MAX_CHECKED_COMBINATIONS = 256  # up to this many, every combination of values is validated before the sweep
+
+
+def _whole(value: Any, name: str, path: Path, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise RaysimError(f"sweep '{path}': {name} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _real(value: Any, name: str, path: Path, above: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > above:
+        raise RaysimError(f"sweep '{path}': {name} must be a number > {above:g}, got {value!r}")
+    return float(value)
 
 
 @dataclass
@@ -62,6 +76,23 @@ class Sweep:
     def example_params(self) -> dict[str, Any]:
         """One value per key (the first of a grid or choice, the low end of a range)."""
         return {key: spec[form][0] for key, spec in self.space.items() for form in spec}
+
+    def each_value(self):
+        """Params that between them use every grid and choice value and both ends of every range:
+        the whole product when it is small, otherwise each value beside the others' first."""
+        values = {key: spec[form] for key, spec in self.space.items() for form in spec}
+        product = 1
+        for options in values.values():
+            product *= len(options)
+        if product <= MAX_CHECKED_COMBINATIONS:
+            keys = list(values)
+            for combination in itertools.product(*(values[k] for k in keys)):
+                yield dict(zip(keys, combination))
+            return
+        first = self.example_params()
+        for key, options in values.items():
+            for value in options:
+                yield {**first, key: value}
 
     def grid_size(self) -> int:
         size = 1
@@ -110,6 +141,11 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
         raise RaysimError(
             f"sweep '{path}' has no 'base': name the experiment config to sweep, e.g. base: ../fedaf/cifar10_cpu.yaml"
         )
+    if not isinstance(data["base"], str) or not data["base"]:
+        raise RaysimError(
+            f"sweep '{path}': base must be the path of an experiment config, e.g. base: ../fedaf/cifar10_cpu.yaml, "
+            f"got {data['base']!r}"
+        )
     base = Path(data["base"])
     base = base if base.is_absolute() else (path.parent / base)
     tree = read_yaml(base)
@@ -125,7 +161,7 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
     if root and not Path(root).is_absolute():  # trials run in other directories (and on other nodes)
         tree["dataset"]["root"] = str(Path(root).resolve())
     metric = data.get("metric", "best_accuracy")
-    if metric not in METRICS:
+    if not isinstance(metric, str) or metric not in METRICS:
         raise RaysimError(
             f"sweep '{path}': metric must be best_accuracy, final_accuracy or last5_accuracy, got '{metric}'"
         )
@@ -139,25 +175,29 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
         extra = sorted(set(scheduler) - {"kind", "grace_period", "reduction_factor"})
         if extra:
             raise RaysimError(f"sweep '{path}': unknown scheduler key(s) {', '.join(extra)}")
-        scheduler = SchedulerSpec(**scheduler)
+        scheduler = SchedulerSpec(
+            grace_period=_whole(scheduler.get("grace_period", 1), "scheduler.grace_period", path, 1),
+            reduction_factor=_real(scheduler.get("reduction_factor", 2.0), "scheduler.reduction_factor", path, 1),
+        )
     sweep = Sweep(
         base=base,
         base_tree=tree,
         space=_check_space(data.get("space"), path),
         metric=metric,
-        samples=int(data.get("samples", 1)),
-        concurrency=int(data.get("concurrency", 1)),
+        samples=_whole(data.get("samples", 1), "samples", path, 1),
+        concurrency=_whole(data.get("concurrency", 1), "concurrency", path, 1),
         scheduler=scheduler,
-        seed=int(data.get("seed", 0)),
+        seed=_whole(data.get("seed", 0), "seed", path, 0),
         source=data,
     )
-    if sweep.samples < 1 or sweep.concurrency < 1:
-        raise RaysimError(f"sweep '{path}': samples and concurrency must be >= 1")
-    # Every swept key must be a real config key with a valid value: fail now, not inside a trial.
-    try:
-        sweep.trial_config(sweep.example_params())
-    except RaysimError as exc:
-        raise RaysimError(f"sweep '{path}': {exc}") from None
+    # Every swept key must be a real config key, and every value (both ends of a range) valid:
+    # fail now, not in the middle of the sweep.
+    for params in sweep.each_value():
+        try:
+            sweep.trial_config(params)
+        except RaysimError as exc:
+            shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise RaysimError(f"sweep '{path}': with {shown}: {exc}") from None
     return sweep
 
 

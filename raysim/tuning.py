@@ -10,6 +10,7 @@ Layout of the sweep directory DIR:
   sweep.yaml, base.yaml   the sweep as run (what `--resume DIR` reads back)
   runs/<trial_id>/        each trial's run directory, the usual outputs
   tune/                   Ray Tune's experiment state
+  tune_state.sig          its signature under the user's key (raysim.tune_state): what --resume checks
   trials.parquet          one row per trial: its parameters, metrics, run directory
   best.yaml               the best trial's config, runnable with `raysim run`
 """
@@ -29,6 +30,7 @@ from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.files import write_text
 from raysim.sweep import Sweep, load_sweep
 from raysim.tables import text_table
+from raysim.tune_state import KeepSigned, verify
 
 TUNE_DIR, RUNS_DIR = "tune", "runs"
 
@@ -113,9 +115,14 @@ def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
     def trainable(params):
         _trial(params, sweep, sweep_dir)
 
-    resources = tune.with_resources(
-        trainable, lambda params: tune.PlacementGroupFactory(trial_bundles(sweep.trial_config(params).resources))
-    )
+    def bundles(params):
+        try:
+            resources = sweep.trial_config(params).resources
+        except RaysimError:  # raised again inside the trial, which Tune then records as failed
+            resources = sweep.trial_config(sweep.example_params()).resources
+        return tune.PlacementGroupFactory(trial_bundles(resources))
+
+    resources = tune.with_resources(trainable, bundles)
     if restore:
         return tune.Tuner.restore(
             str(sweep_dir / TUNE_DIR), trainable=resources, resume_unfinished=True, resume_errored=True
@@ -202,11 +209,21 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
                 "status": "error"
                 if result.error
                 else ("finished" if summary.get("rounds", 0) >= summary.get("rounds_planned", 1) else "stopped"),
+                "error": error_line(result.error) if result.error else None,
                 "run_dir": str(run_dir),
             }
         )
     rows.sort(key=lambda r: -(r[sweep.metric] if r[sweep.metric] is not None else -1.0))
     return rows
+
+
+def error_line(error: BaseException) -> str:
+    """What a failed trial raised, in one line (a RaysimError's message; else the exception's last line)."""
+    from raysim.cli import user_message
+
+    text = user_message(error).strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip() if len(lines) > 1 else (lines[0] if lines else type(error).__name__)
 
 
 def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
@@ -251,9 +268,13 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
     with ray_session(base_resources, address):
         plan_trial_actors(sweep)
         check_sweep_fits(sweep)
-        results = _tuner(sweep, sweep_dir, restore).fit()
+        with KeepSigned(sweep_dir, TUNE_DIR):  # so that only this user's --resume restores it
+            results = _tuner(sweep, sweep_dir, restore).fit()
     rows = trials_table(sweep, sweep_dir, results)
     print(format_table(rows, sweep))
+    for row in rows:
+        if row["error"]:
+            print(f"trial {row['trial_id']} failed: {row['error']}")
     best = write_results(rows, sweep, sweep_dir)
     print(
         f"{len(rows)} trials -> {sweep_dir / 'trials.parquet'}"
@@ -267,10 +288,19 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
     return rows
 
 
-def resume_sweep(sweep_dir: Path, address: str | None = None) -> list[dict]:
-    if not (sweep_dir / "sweep.yaml").exists() or not (sweep_dir / TUNE_DIR).exists():
+def resume_sweep(sweep_dir: Path, address: str | None = None, allow_code: bool = False) -> list[dict]:
+    """Continue the sweep in `sweep_dir`; its Tune state must carry this user's signature (see
+    raysim.tune_state) unless `allow_code`, checked before anything in it is unpickled or imported."""
+    if (sweep_dir / "sweep.yaml").exists() and not (sweep_dir / TUNE_DIR).exists():
+        raise RaysimError(
+            f"the sweep in '{sweep_dir}' never started (no {TUNE_DIR}/): start it again with "
+            f"'raysim tune {sweep_dir / 'sweep.yaml'} --out {sweep_dir}'"
+        )
+    if not (sweep_dir / "sweep.yaml").exists():
         raise RaysimError(
             f"'{sweep_dir}' is not a sweep directory (no sweep.yaml and tune/): "
             "give the --out DIR of an earlier `raysim tune`"
         )
+    if not allow_code:
+        verify(sweep_dir, TUNE_DIR)
     return run_sweep(load_sweep(sweep_dir / "sweep.yaml"), sweep_dir, address, restore=True)

@@ -36,6 +36,13 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: keeps the order within files
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sweep_signing_key(tmp_path_factory):
+    """Sweeps sign their Tune state with a per-user key (raysim.tune_state): the tests' own, not the
+    key of whoever runs them. Subprocesses inherit it."""
+    os.environ["RAYSIM_KEY_FILE"] = str(tmp_path_factory.mktemp("key") / "sweep.key")
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

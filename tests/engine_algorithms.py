@@ -104,3 +104,18 @@ class ChoosesAStranger(FedAvg):
 
     def select_clients(self, state, round_index, rng, ctx):
         return [0, 99]
+
+
+class FailsWhenAsked(FedAvg):
+    """FedAvg whose server raises in round 1 when `fail` is set: a sweep trial that breaks mid-run."""
+
+    name = "fails-when-asked-test"
+
+    @dataclass
+    class Params(FedAvg.Params):
+        fail: bool = False
+
+    def server_update(self, state, replies, round_index, ctx):
+        if self.params.fail:
+            raise RuntimeError("this trial was asked to fail")
+        return super().server_update(state, replies, round_index, ctx)

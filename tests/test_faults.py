@@ -85,3 +85,58 @@ def test_sigkilled_run_resumes_to_the_same_numbers(run_tiny, tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "3 rounds" in resumed.stdout
     assert server_rows(run_dir) == server_rows(uninterrupted)
+
+
+def test_a_sigkilled_driver_leaves_no_ray_processes_behind(tmp_path):
+    """Issue 45 item 12: only the driver is killed (as by the OOM killer); the private Ray it started,
+    agents included (Ray 2.60 leaves them for about a minute), is gone within seconds."""
+    import signal
+
+    import psutil
+
+    from raysim.outputs.state_files import read_checkpoint
+
+    run_dir = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "configs/quickstart.yaml")]
+    proc = subprocess.Popen(
+        [*cmd, *tiny_overrides(rounds=50, **{"resources.num_cpus": 2}), "--out", str(run_dir)],
+        env={**os.environ, "RAY_ADDRESS": ""},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    ray_processes = []
+    try:
+        deadline = time.time() + 240
+        while not (run_dir / "checkpoints/last.pt").exists() or read_checkpoint(run_dir)["round"] < 1:
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.1)
+        ray_processes = psutil.Process(proc.pid).children(recursive=True)
+        names = " ".join(p.name() for p in ray_processes)
+        assert "raylet" in names and "DashboardAgent" in names, names
+        os.kill(proc.pid, signal.SIGKILL)  # the driver alone
+        proc.wait()
+
+        def left() -> list[str]:
+            alive = []
+            for p in ray_processes:
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(p.name())
+                except psutil.NoSuchProcess:
+                    pass
+            return alive
+
+        deadline = time.time() + 20
+        while left() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not left(), f"still running 20 s after the driver was killed: {left()}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in ray_processes:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass

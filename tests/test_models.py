@@ -1,5 +1,7 @@
 """Tests for raysim.models: parameter counts, shapes, the embed/classifier contract, errors."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -172,3 +174,21 @@ def test_narrow_resnet_shortcut_gradients_are_right_with_two_threads_and_an_odd_
 
     result = subprocess.run([sys.executable, "-c", _GRADIENT_CHECK], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "gradients ok" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "factory, words",
+    [
+        ("os:system", "does not take the model arguments in_channels, num_classes, image_size"),
+        ("math:pi", "is a float, not a factory"),
+    ],
+)
+def test_a_model_factory_that_cannot_take_the_model_arguments_is_one_line(tmp_path, capsys, factory, words):
+    """Issue 45 item 10: checked before the factory is called (os.system is never run)."""
+    from raysim.cli import main
+
+    quickstart = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
+    assert main(["run", quickstart, f"model.name={factory}", "rounds=1", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"model.name='{factory}' {words}" in err, err
+    assert not (tmp_path / "run").exists()

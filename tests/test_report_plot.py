@@ -203,3 +203,29 @@ def test_report_counts_each_seed_once_and_says_when_runs_repeat_one(tmp_path):
     repeated = report([str(tmp_path / "a"), str(tmp_path / "copy"), str(tmp_path / "b")])
     assert re.search(r"fedavg embedded\s+2\s", repeated)  # seeds 0 and 1
     assert f"note: {tmp_path / 'copy'} repeats seed 0 of {tmp_path / 'a'}: counted once" in repeated
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (
+            lambda run: (run / "summary.json").write_text('{"final_accuracy": 0.5, "best'),
+            "summary.json is not valid JSON",
+        ),
+        (lambda run: (run / "summary.json").write_text("[0.5, 0.6]"), "summary.json holds a list, not the mapping"),
+        (
+            lambda run: (run / "config.yaml").write_text("seed: !!python/object/apply:os.system ['true']\n"),
+            "config.yaml is not a plain YAML config",
+        ),
+        (lambda run: (run / "config.yaml").write_text("just a string\n"), "config.yaml holds a str"),
+        (lambda run: (run / "config.yaml").write_text("seed: 0\n"), "lacks the algorithm and dataset sections"),
+    ],
+)
+def test_report_on_a_damaged_run_is_one_line_naming_the_file(tmp_path, capsys, damage, words):
+    """Issue 45 item 10: truncated or non-object summary.json, a config.yaml with a Python tag."""
+    run = tmp_path / "run"
+    fake_run(run)
+    damage(run)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and str(run) in err, err

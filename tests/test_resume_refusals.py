@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raysim.config import load_config
@@ -64,3 +65,22 @@ def test_a_truncated_metrics_parquet_is_one_line_naming_it_also_through_actors(t
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("note:")]
     assert len(lines) == 1 and "metrics.parquet cannot be read" in lines[0], done.stderr
+
+
+def test_files_that_are_not_raysims_in_client_state_are_ignored(tmp_path):
+    """Issue 45 item 9: a stray r000001.backup.pt (or any other file) beside a client's state files
+    is neither read nor deleted, and the newest real state before the round is the one loaded."""
+    from raysim.engine.client_state import ClientStateStore
+
+    store = ClientStateStore(tmp_path)
+    store.save(0, 1, {"c": np.ones(2, np.float32)})
+    store.save(0, 2, {"c": np.full(2, 2.0, np.float32)})
+    folder = tmp_path / "client_00000"
+    strays = ["r000001.backup.pt", "rnotes.pt", "README.txt", "r000009.pt.tmp"]
+    for name in strays:
+        (folder / name).write_text("not raysim's")
+    fresh = ClientStateStore(tmp_path)  # as after a resume: nothing in memory
+    np.testing.assert_array_equal(fresh.load(0, 3)["c"], [2.0, 2.0])
+    fresh.save(0, 3, {"c": np.full(2, 3.0, np.float32)})
+    fresh.save(0, 4, {"c": np.full(2, 4.0, np.float32)})
+    assert sorted(p.name for p in folder.iterdir()) == sorted(strays + ["r000003.pt", "r000004.pt"])

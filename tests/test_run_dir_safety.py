@@ -225,6 +225,21 @@ def test_a_damaged_checkpoint_names_the_file_and_the_way_back(run_tiny, tmp_path
     assert read_checkpoint(run_dir)["round"] == 3
 
 
+@pytest.mark.parametrize(
+    "planted, lacking",
+    [({"state": {}, "wall_time_s": 1.0}, "round"), ({"round": 2, "wall_time_s": 1.0}, "state"), ([1, 2], "a list")],
+)
+def test_a_checkpoint_that_loads_but_lacks_its_fields_is_one_line(run_tiny, tmp_path, capsys, planted, lacking):
+    """Issue 45 item 10: tensors and containers only, so it loads; but it is not a checkpoint."""
+    _, finished = run_tiny()
+    run_dir = copy_of(finished, tmp_path)
+    last = run_dir / "checkpoints/last.pt"
+    torch.save(planted, last)
+    assert main(["run", "--resume", str(run_dir), "rounds=3"]) == 2
+    lines = error_lines(capsys)
+    assert len(lines) == 1 and f"{last} is not a raysim checkpoint" in lines[0] and lacking in lines[0], lines
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """A 48 MiB tmpfs (root only: mounting needs it)."""

@@ -49,6 +49,18 @@ def write_sweep(tmp_path: Path, **fields) -> Path:
         ({"base": "/no/such.yaml"}, "does not exist"),
         ({"scheduler": {"kind": "hyperband"}}, "scheduler must be"),
         ({"trials": 3}, "unknown key(s) trials"),
+        # issue 45 item 6: every value of a grid and both ends of a range are checked, not only the first
+        ({"space": {"local.momentum": {"grid": [0.5, 1.5]}}}, "with local.momentum=1.5: config key 'local.momentum'"),
+        ({"space": {"local.momentum": {"choice": [0.9, -1]}}}, "with local.momentum=-1"),
+        ({"space": {"local.momentum": {"uniform": [0.5, 1.5]}}}, "with local.momentum=1.5"),
+        # issue 45 item 7: fields of the wrong type are one line, not a traceback
+        ({"samples": "abc"}, "samples must be a whole number >= 1, got 'abc'"),
+        ({"concurrency": 1.5}, "concurrency must be a whole number >= 1"),
+        ({"seed": -1}, "seed must be a whole number >= 0"),
+        ({"base": 5}, "base must be the path of an experiment config"),
+        ({"metric": ["best_accuracy"]}, "metric must be best_accuracy"),
+        ({"scheduler": {"grace_period": "x"}}, "scheduler.grace_period must be a whole number >= 1, got 'x'"),
+        ({"scheduler": {"reduction_factor": 1}}, "scheduler.reduction_factor must be a number > 1"),
     ],
 )
 def test_bad_sweeps_fail_with_one_clear_message(tmp_path, fields, words):
@@ -121,6 +133,46 @@ def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_bes
     assert best.local.lr == table[0]["local.lr"] and best.rounds == 3
     again = resume_sweep(out)
     assert [(r["trial_id"], r["best_accuracy"]) for r in again] == [(r["trial_id"], r["best_accuracy"]) for r in table]
+
+
+def test_a_failing_trial_is_recorded_with_its_error_and_the_sweep_goes_on(ray_session, tmp_path):
+    """Issue 45 item 6: one trial raising mid-run leaves the others finished, trials.parquet with the
+    failed row and its error, and best.yaml from the trials that finished."""
+    from raysim.tuning import run_sweep
+
+    base = {**TINY_BASE, "algorithm": {"name": "tests.engine_algorithms:FailsWhenAsked"}}
+    sweep = load_sweep(write_sweep(tmp_path, overrides=base, space={"algorithm.fail": {"grid": [True, False]}}))
+    rows = run_sweep(sweep, tmp_path / "out")
+    by_fail = {r["algorithm.fail"]: r for r in rows}
+    assert by_fail[True]["status"] == "error" and "this trial was asked to fail" in by_fail[True]["error"]
+    assert "\n" not in by_fail[True]["error"]
+    assert by_fail[False]["status"] == "finished" and by_fail[False]["best_accuracy"] > 0.2
+    assert pq.read_table(tmp_path / "out" / "trials.parquet").num_rows == 2
+    assert load_config(tmp_path / "out" / "best.yaml").algorithm["fail"] is False
+
+
+def test_a_sweep_refused_while_starting_can_be_started_again_on_the_same_out(tmp_path):
+    """Issue 45 item 6: a sweep that never started (here: one trial needs more CPUs than Ray has)
+    leaves no dead end: the same --out is accepted again, and --resume says to start it."""
+    from raysim.cli import main
+
+    out = tmp_path / "out"
+    big = {**TINY_BASE, "resources": {"actors": 3, "cpus_per_actor": 1, "num_cpus": 2}}
+    sweep = write_sweep(tmp_path, overrides=big)
+    assert main(["tune", str(sweep), "--out", str(out)]) == 2
+    assert (out / "sweep.yaml").exists() and not (out / "tune").exists()
+    with pytest.raises(RaysimError, match="never started"):
+        from raysim.tuning import resume_sweep
+
+        resume_sweep(out)
+    # the second start gets past the "already holds a sweep" refusal and is refused for the same reason
+    second = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "tune", str(sweep), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert second.returncode == 2 and "needs 3 CPUs" in second.stderr, second.stderr
 
 
 def test_auto_actors_follow_the_cluster(ray_session):

@@ -11,10 +11,13 @@ cannot run code in the actors.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 from raysim.outputs.state_files import load_state, save_state
+
+STATE_FILE = re.compile(r"r(\d+)\.pt")  # raysim's own files; anything else in the folder is not read
 
 
 class ClientStateStore:
@@ -53,4 +56,5 @@ class ClientStateStore:
         folder = self._client_dir(client)
         if not folder.is_dir():
             return []
-        return sorted(int(p.stem[1:]) for p in folder.glob("r*.pt"))
+        # other files (a user's r000001.backup.pt, notes) are ignored: neither read nor deleted
+        return sorted(int(m.group(1)) for p in folder.iterdir() if (m := STATE_FILE.fullmatch(p.name)))

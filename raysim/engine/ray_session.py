@@ -38,10 +38,27 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             object_store_memory=resources.object_store_mb * 2**20,
             logging_level=logging.WARNING,
         )
+    watcher = None if target else _watch_private_ray()
     try:
         yield
     finally:
         ray.shutdown()
+        if watcher is not None:  # closing its pipe: it finds nothing left and exits
+            watcher.stdin.close()
+            watcher.wait(timeout=30)
+
+
+def _watch_private_ray():
+    """A watcher that stops this private Ray's processes should the driver die without shutting it
+    down (raysim.engine.reaper); None where it cannot start (the run goes on without it)."""
+    import psutil
+
+    from raysim.engine import reaper
+
+    try:
+        return reaper.start([child.pid for child in psutil.Process().children(recursive=True)])
+    except OSError:
+        return None
 
 
 def plan_actors(resources: ResourcesConfig, num_clients: int) -> tuple[int, str | None]:

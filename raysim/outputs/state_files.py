@@ -123,12 +123,38 @@ def read_checkpoint(run_dir: Path) -> dict[str, Any] | None:
     run_dir = Path(run_dir)
     last, previous = run_dir / CHECKPOINT, run_dir / PREVIOUS_CHECKPOINT
     if not last.exists():
-        return load_state(previous, "start a fresh run") if previous.exists() else None
-    if previous.exists():
-        way_out = (
-            f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
-            "(the rounds after it are re-run, with the same numbers), or start a fresh run"
+        if not previous.exists():
+            return None
+        path, way_out = previous, "start a fresh run"
+    elif previous.exists():
+        path, way_out = (
+            last,
+            (
+                f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
+                "(the rounds after it are re-run, with the same numbers), or start a fresh run"
+            ),
         )
     else:
-        way_out = "start a fresh run (there is no earlier checkpoint to go back to)"
-    return load_state(last, way_out)
+        path, way_out = last, "start a fresh run (there is no earlier checkpoint to go back to)"
+    return _checked_checkpoint(load_state(path, way_out), path, way_out)
+
+
+CHECKPOINT_FIELDS = {"round": int, "state": dict, "wall_time_s": (int, float)}
+
+
+def _checked_checkpoint(checkpoint: Any, path: Path, way_out: str) -> dict[str, Any]:
+    """A file that loads safely but is not what write_checkpoint wrote is refused, naming what it lacks."""
+    if not isinstance(checkpoint, dict):
+        raise UnreadableStateError(
+            f"{path} is not a raysim checkpoint (it holds a {type(checkpoint).__name__}): {way_out}"
+        )
+    wrong = [
+        name
+        for name, kind in CHECKPOINT_FIELDS.items()
+        if not isinstance(checkpoint.get(name), kind) or isinstance(checkpoint.get(name), bool)
+    ]
+    if wrong or checkpoint["round"] < 0:
+        raise UnreadableStateError(
+            f"{path} is not a raysim checkpoint (missing or malformed: {', '.join(wrong) or 'round'}): {way_out}"
+        )
+    return checkpoint

@@ -1,0 +1,155 @@
+"""Tune state that only its maker restores: an HMAC of a sweep directory under a per-user key.
+
+`raysim tune --resume DIR` hands `DIR/tune/` to `Tuner.restore`, which unpickles `tuner.pkl`, the
+search state and cloudpickled fields of the experiment state: a sweep directory received from
+someone else could run code. So while a sweep runs, raysim signs what restoring reads (sweep.yaml,
+base.yaml and every file under tune/ except the plain result logs Tune appends to) with a key kept
+outside any sweep directory, and `--resume` checks the signature before Tune or the sweep's config
+is read. A directory made elsewhere, changed since, or made by another user is refused unless the
+user vouches for it (`--allow-code`).
+
+The signature is renewed whenever the state changes (every SIGN_EVERY_S seconds at most) and once
+more when Tune returns, Ctrl-C included. A sweep killed outright (SIGKILL, power loss) within that
+interval after Tune last saved can be left with a stale signature; the refusal then names
+`--allow-code` as the way on for the sweep's own maker.
+
+Key: $RAYSIM_KEY_FILE, default $XDG_CONFIG_HOME/raysim/sweep.key (~/.config/raysim/sweep.key),
+32 random bytes created on first use, readable by its owner only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import threading
+from pathlib import Path
+
+from raysim.errors import RaysimError
+from raysim.outputs.files import write_text
+
+SIGNATURE_FILE = "tune_state.sig"
+SIGNED_CONFIGS = ("sweep.yaml", "base.yaml")
+# Plain data Tune appends to during a trial and never unpickles: left out, so they need no re-signing.
+UNSIGNED_NAMES = ("result.json", "progress.csv")
+UNSIGNED_PREFIXES = ("events.out.tfevents",)
+SIGN_EVERY_S = 2.0
+
+
+def key_file() -> Path:
+    if os.environ.get("RAYSIM_KEY_FILE"):
+        return Path(os.environ["RAYSIM_KEY_FILE"]).expanduser()
+    config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join("~", ".config")
+    return Path(config_home).expanduser() / "raysim" / "sweep.key"
+
+
+def user_key() -> bytes:
+    """This user's key, created (owner-only) the first time."""
+    path = key_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise RaysimError(
+            f"cannot create the sweep-signing key {path} ({exc.strerror}): set RAYSIM_KEY_FILE to a writable path"
+        ) from None
+    else:
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+    key = path.read_bytes()
+    if len(key) < 16:
+        raise RaysimError(f"the sweep-signing key {path} is shorter than 16 bytes: delete it to make a new one")
+    return key
+
+
+def signed_files(sweep_dir: Path, tune_dir: str) -> list[Path]:
+    files = [sweep_dir / name for name in SIGNED_CONFIGS if (sweep_dir / name).is_file()]
+    for path in sorted((sweep_dir / tune_dir).rglob("*")):
+        if path.is_file() and path.name not in UNSIGNED_NAMES and not path.name.startswith(UNSIGNED_PREFIXES):
+            files.append(path)
+    return files
+
+
+def state_digest(sweep_dir: Path, tune_dir: str, key: bytes) -> str:
+    mac = hmac.new(key, digestmod=hashlib.sha256)
+    for path in signed_files(sweep_dir, tune_dir):
+        try:
+            content = path.read_bytes()
+        except FileNotFoundError:  # replaced while we read (Tune writes atomically): signed next time
+            continue
+        name = path.relative_to(sweep_dir).as_posix().encode()
+        mac.update(len(name).to_bytes(8, "big") + name + hashlib.sha256(content).digest())
+    return mac.hexdigest()
+
+
+def sign(sweep_dir: Path, tune_dir: str) -> None:
+    digest = state_digest(sweep_dir, tune_dir, user_key())
+    write_text(sweep_dir / SIGNATURE_FILE, json.dumps({"hmac_sha256": digest}) + "\n")
+
+
+def verify(sweep_dir: Path, tune_dir: str) -> None:
+    """One line and no unpickling when the sweep's state is not signed by this user as it is now."""
+    way_on = (
+        f"restore it only if you made it: 'raysim tune --resume {sweep_dir} --allow-code' "
+        "(Tune's state is pickled: restoring runs what it holds)"
+    )
+    path = sweep_dir / SIGNATURE_FILE
+    try:
+        recorded = json.loads(path.read_text()).get("hmac_sha256", "")
+    except (OSError, ValueError, AttributeError):
+        raise RaysimError(
+            f"'{sweep_dir}' has no readable {SIGNATURE_FILE}: it was not made by raysim under your key "
+            f"({key_file()}): {way_on}"
+        ) from None
+    if not isinstance(recorded, str) or not hmac.compare_digest(
+        recorded, state_digest(sweep_dir, tune_dir, user_key())
+    ):
+        raise RaysimError(
+            f"the Tune state in '{sweep_dir}' does not match its signature under your key ({key_file()}): "
+            f"it was made elsewhere or by someone else, changed since, or its sweep was killed while "
+            f"saving: {way_on}"
+        )
+
+
+class KeepSigned:
+    """While the block runs, re-sign whenever a signed file changes; sign once more at the end."""
+
+    def __init__(self, sweep_dir: Path, tune_dir: str):
+        self.sweep_dir, self.tune_dir = sweep_dir, tune_dir
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="raysim-sign-tune-state", daemon=True)
+        self.seen: tuple | None = None
+
+    def _stamp(self) -> tuple:
+        stamps = []
+        for path in signed_files(self.sweep_dir, self.tune_dir):
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            stamps.append((str(path), info.st_mtime_ns, info.st_size))
+        return tuple(stamps)
+
+    def _sign_if_changed(self) -> None:
+        stamp = self._stamp()
+        if stamp != self.seen:
+            sign(self.sweep_dir, self.tune_dir)
+            self.seen = stamp
+
+    def _loop(self) -> None:
+        while not self.stop.wait(SIGN_EVERY_S):
+            self._sign_if_changed()
+
+    def __enter__(self):
+        user_key()  # a key that cannot be made fails before the sweep starts
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._sign_if_changed()
