@@ -31,17 +31,9 @@ def _run(args: argparse.Namespace) -> int:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
         overrides = ([args.config] if args.config else []) + args.overrides
         run_dir = Path(args.resume)
-        if args.allow_code:
-            config = resume_config(run_dir, overrides)
-        else:
-            from raysim.plugins import user_code_refused
-
-            why = (
-                f"named by '{run_dir / 'config.yaml'}': a resumed run imports no code unless you vouch "
-                f"for its directory: add --allow-code if you wrote or trust this run"
-            )
-            with user_code_refused(why):
-                config = resume_config(run_dir, overrides)
+        config = (
+            resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
+        )
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
         done = completed_rounds(run_dir)  # an unreadable checkpoint is refused here, before Ray starts
         if done >= config.rounds:
@@ -95,6 +87,36 @@ def _run(args: argparse.Namespace) -> int:
             f"kept: continue with 'raysim run --resume {run_dir}'"
         ) from None
     return 0
+
+
+def _resume_config_without_code(run_dir: Path, overrides: list[str]):
+    """The config of a run directory that may come from someone else, refused (one line) where
+    resuming it could run code the user has not vouched for with --allow-code: user code it names
+    (algorithm, model factories, clients' models), or a working directory inside the run directory
+    (Ray puts the driver's working directory on every worker's import path)."""
+    from raysim.config import client_architectures
+    from raysim.plugins import user_code_refused
+    from raysim.runner import resume_config
+
+    why = (
+        f"named by '{run_dir / 'config.yaml'}': a resumed run imports no code unless you vouch for its "
+        "directory: add --allow-code if you wrote or trust this run"
+    )
+    with user_code_refused(why):  # the algorithm class is imported while the config is read
+        config = resume_config(run_dir, overrides)
+    for key, name in [("model.name", config.model.name)] + [
+        ("clients.models", m.name) for m in client_architectures(config)
+    ]:
+        if ":" in name:
+            raise RaysimError(f"{key}='{name}' is user code, {why}")
+    here, inside = Path.cwd().resolve(), run_dir.resolve()
+    if here == inside or inside in here.parents:
+        raise RaysimError(
+            f"resume '{run_dir}' from outside it (e.g. cd {inside.parent} && raysim run --resume {inside.name}): "
+            "Ray puts the working directory on its workers' import path, so files shipped in a run "
+            "directory could run; or add --allow-code if you wrote or trust this run"
+        )
+    return config
 
 
 def disk_full(exc: BaseException) -> str | None:
@@ -190,11 +212,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if not args.out:
         raise RaysimError("raysim tune needs --out DIR: the sweep's trials, table and best.yaml go there")
     out = Path(args.out)
-    from raysim.tuning import TUNE_DIR
+    from raysim.tuning import sweep_started
 
     # Tune's state appears once the sweep has started: before that (a sweep refused while starting)
     # the same --out can simply be used again.
-    if (out / TUNE_DIR).exists():
+    if sweep_started(out):
         raise RaysimError(
             f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' or choose another --out"
         )

@@ -21,6 +21,7 @@ This module only reads and checks the file; `raysim.tuning` runs it with Ray Tun
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,7 +81,11 @@ class Sweep:
     def each_value(self):
         """Params that between them use every grid and choice value and both ends of every range:
         the whole product when it is small, otherwise each value beside the others' first."""
-        values = {key: spec[form] for key, spec in self.space.items() for form in spec}
+        values = {key: list(spec[form]) for key, spec in self.space.items() for form in spec}
+        for key, spec in self.space.items():
+            if "uniform" in spec or "loguniform" in spec:  # and a point inside: ranges draw real numbers
+                low, high = spec.get("uniform") or spec["loguniform"]
+                values[key].append(low + (high - low) / math.pi)
         product = 1
         for options in values.values():
             product *= len(options)
@@ -197,7 +202,14 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
             sweep.trial_config(params)
         except RaysimError as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
-            raise RaysimError(f"sweep '{path}': with {shown}: {exc}") from None
+            drawn = [k for k, spec in sweep.space.items() if {"uniform", "loguniform"} & set(spec)]
+            hint = (
+                f" (uniform and loguniform draw real numbers between the ends: for {', '.join(drawn)} "
+                "use grid or choice if it takes whole numbers)"
+                if drawn
+                else ""
+            )
+            raise RaysimError(f"sweep '{path}': with {shown}: {exc}{hint}") from None
     return sweep
 
 

@@ -102,8 +102,8 @@ def verify(sweep_dir: Path, tune_dir: str) -> None:
         recorded = json.loads(path.read_text()).get("hmac_sha256", "")
     except (OSError, ValueError, AttributeError):
         raise RaysimError(
-            f"'{sweep_dir}' has no readable {SIGNATURE_FILE}: it was not made by raysim under your key "
-            f"({key_file()}): {way_on}"
+            f"'{sweep_dir}' has no readable {SIGNATURE_FILE} (made elsewhere, or before raysim signed "
+            f"sweeps under your key {key_file()}): {way_on}"
         ) from None
     if not isinstance(recorded, str) or not hmac.compare_digest(
         recorded, state_digest(sweep_dir, tune_dir, user_key())
@@ -142,7 +142,10 @@ class KeepSigned:
 
     def _loop(self) -> None:
         while not self.stop.wait(SIGN_EVERY_S):
-            self._sign_if_changed()
+            try:
+                self._sign_if_changed()
+            except OSError:  # a folder Tune replaced while we walked it: the next pass signs it
+                self.seen = None
 
     def __enter__(self):
         user_key()  # a key that cannot be made fails before the sweep starts

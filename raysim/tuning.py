@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -288,10 +289,15 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
     return rows
 
 
+def sweep_started(sweep_dir: Path) -> bool:
+    """Tune has written the state a resume restores (before that, the sweep can simply start again)."""
+    return (sweep_dir / TUNE_DIR / "tuner.pkl").is_file()
+
+
 def resume_sweep(sweep_dir: Path, address: str | None = None, allow_code: bool = False) -> list[dict]:
     """Continue the sweep in `sweep_dir`; its Tune state must carry this user's signature (see
     raysim.tune_state) unless `allow_code`, checked before anything in it is unpickled or imported."""
-    if (sweep_dir / "sweep.yaml").exists() and not (sweep_dir / TUNE_DIR).exists():
+    if (sweep_dir / "sweep.yaml").exists() and not sweep_started(sweep_dir):
         raise RaysimError(
             f"the sweep in '{sweep_dir}' never started (no {TUNE_DIR}/): start it again with "
             f"'raysim tune {sweep_dir / 'sweep.yaml'} --out {sweep_dir}'"
@@ -302,5 +308,12 @@ def resume_sweep(sweep_dir: Path, address: str | None = None, allow_code: bool =
             "give the --out DIR of an earlier `raysim tune`"
         )
     if not allow_code:
+        target = address or os.environ.get("RAY_ADDRESS") or ""
+        if target.startswith("ray://"):
+            raise RaysimError(
+                f"over Ray Client ({target}) Tune restores the sweep's state on the head node, where raysim "
+                "cannot check its signature: resume it on the head node (ray job submit), or add "
+                "--allow-code if you made this sweep"
+            )
         verify(sweep_dir, TUNE_DIR)
     return run_sweep(load_sweep(sweep_dir / "sweep.yaml"), sweep_dir, address, restore=True)

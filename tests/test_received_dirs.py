@@ -37,17 +37,28 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
-def received_run(tmp_path: Path) -> Path:
-    """A finished two-round run whose config names `received_helpers:Plain`, shipped beside it."""
+PLANTED_FACTORY = """
+import pathlib
+pathlib.Path(__file__).with_name("IMPORTED").write_text("code ran")
+from raysim.models import build_model
+
+
+def factory(in_channels, num_classes, image_size):
+    raise SystemExit("the planted factory was called")
+"""
+
+
+def received_run(tmp_path: Path, key: str = "algorithm", planted: str = PLANTED, name: str = "Plain") -> Path:
+    """A finished two-round run whose config names `received_helpers:<name>` under `key`, shipped beside it."""
     from raysim.runner import run_experiment
 
     run_dir = tmp_path / "received"
     config = load_config(ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{"resources.in_process": True}))
     run_experiment(config, run_dir)
     tree = yaml.safe_load((run_dir / "config.yaml").read_text())
-    tree["algorithm"]["name"] = "received_helpers:Plain"
+    tree[key]["name"] = f"received_helpers:{name}"
     (run_dir / "config.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    (run_dir / "received_helpers.py").write_text(PLANTED)
+    (run_dir / "received_helpers.py").write_text(planted)
     return run_dir
 
 
@@ -64,6 +75,58 @@ def test_resume_of_a_received_run_imports_none_of_its_code_unless_allowed(tmp_pa
     assert allowed.returncode == 0, allowed.stderr
     assert "has finished all 2 rounds" in allowed.stdout
     assert (run_dir / "IMPORTED").exists(), "--allow-code should import the config's module"
+
+
+def test_a_resumed_model_factory_is_not_imported_either(tmp_path):
+    """The model factory is imported when the model is built (not while the config is read): it is
+    refused up front, from any working directory."""
+    run_dir = received_run(tmp_path, key="model", planted=PLANTED_FACTORY, name="factory")
+    refused = cli("run", "--resume", str(run_dir), "rounds=3", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert "model.name='received_helpers:factory' is user code" in refused.stderr and "--allow-code" in refused.stderr
+    assert not (run_dir / "IMPORTED").exists()
+
+
+def test_resume_from_inside_the_run_directory_needs_allow_code(tmp_path):
+    """Ray puts the driver's working directory on every worker's import path: a received directory
+    holding e.g. a `raysim/` or `numpy/` folder would shadow the real ones in the actors."""
+    from raysim.runner import run_experiment
+
+    run_dir = tmp_path / "received"
+    run_experiment(
+        load_config(ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{"resources.in_process": True})), run_dir
+    )
+    inside = cli("run", "--resume", ".", cwd=run_dir)
+    assert inside.returncode == 2 and "from outside it" in inside.stderr and "--allow-code" in inside.stderr, (
+        inside.stderr
+    )
+    outside = cli("run", "--resume", "received", cwd=tmp_path)
+    assert outside.returncode == 0 and "has finished all 2 rounds" in outside.stdout, outside.stderr
+
+
+def test_the_watcher_of_a_private_ray_leaves_the_callers_other_children_alone(tmp_path):
+    """raysim.engine.reaper watches only the processes Ray started: a child the caller had before
+    (here `sleep`) survives a whole ray_session."""
+    script = (
+        "import subprocess\n"
+        "from raysim.config import ResourcesConfig\n"
+        "from raysim.engine.ray_session import ray_session\n"
+        "sleeper = subprocess.Popen(['sleep', '120'])\n"
+        "with ray_session(ResourcesConfig(num_cpus=1, object_store_mb=80)):\n"
+        "    pass\n"
+        "import time; time.sleep(3)\n"
+        "print('sleep alive' if sleeper.poll() is None else f'sleep ended {sleeper.returncode}')\n"
+        "sleeper.kill()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "RAY_ADDRESS": ""},
+    )
+    assert "sleep alive" in done.stdout, done.stdout + done.stderr[-2000:]
 
 
 PLANTED_PICKLE_MARK = "UNPICKLED"
@@ -134,3 +197,15 @@ def test_resume_of_a_received_sweep_unpickles_nothing(tmp_path):
     line = done.stderr.strip()
     assert len(line.splitlines()) == 1 and "does not match its signature" in line and "--allow-code" in line, line
     assert not marker.exists(), "the planted tuner.pkl was unpickled"
+
+
+def test_a_sweep_is_not_resumed_over_ray_client_without_allow_code(tmp_path):
+    """Over ray:// Tune restores the state on the head node, not the copy raysim checked here."""
+    import pytest
+
+    from raysim.errors import RaysimError
+    from raysim.tuning import resume_sweep
+
+    sweep_dir = signed_sweep_dir(tmp_path)
+    with pytest.raises(RaysimError, match="over Ray Client"):
+        resume_sweep(sweep_dir, address="ray://head:10001")

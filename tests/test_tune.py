@@ -53,6 +53,7 @@ def write_sweep(tmp_path: Path, **fields) -> Path:
         ({"space": {"local.momentum": {"grid": [0.5, 1.5]}}}, "with local.momentum=1.5: config key 'local.momentum'"),
         ({"space": {"local.momentum": {"choice": [0.9, -1]}}}, "with local.momentum=-1"),
         ({"space": {"local.momentum": {"uniform": [0.5, 1.5]}}}, "with local.momentum=1.5"),
+        ({"space": {"local.epochs": {"uniform": [1, 3]}}}, "use grid or choice if it takes whole numbers"),
         # issue 45 item 7: fields of the wrong type are one line, not a traceback
         ({"samples": "abc"}, "samples must be a whole number >= 1, got 'abc'"),
         ({"concurrency": 1.5}, "concurrency must be a whole number >= 1"),

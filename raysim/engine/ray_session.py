@@ -24,6 +24,7 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         yield
         return
     target = address or resources.address or os.environ.get("RAY_ADDRESS")
+    children_before = _children()
     if target:
         ray.init(address=target, logging_level=logging.WARNING)
     else:
@@ -38,7 +39,7 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             object_store_memory=resources.object_store_mb * 2**20,
             logging_level=logging.WARNING,
         )
-    watcher = None if target else _watch_private_ray()
+    watcher = None if target else _watch_private_ray(children_before)
     try:
         yield
     finally:
@@ -48,15 +49,19 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             watcher.wait(timeout=30)
 
 
-def _watch_private_ray():
-    """A watcher that stops this private Ray's processes should the driver die without shutting it
-    down (raysim.engine.reaper); None where it cannot start (the run goes on without it)."""
+def _children() -> set[int]:
     import psutil
 
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _watch_private_ray(children_before: set[int]):
+    """A watcher that stops this private Ray's processes should the driver die without shutting it
+    down (raysim.engine.reaper); None where it cannot start (the run goes on without it)."""
     from raysim.engine import reaper
 
     try:
-        return reaper.start([child.pid for child in psutil.Process().children(recursive=True)])
+        return reaper.start(reaper.ray_processes_started_since(children_before))
     except OSError:
         return None
 

@@ -11,11 +11,27 @@ still running. It imports nothing of raysim or Ray, so it costs one small proces
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 
 STOP_GRACE_S = 2.0  # SIGTERM first; SIGKILL for what is left after this
+
+
+def ray_processes_started_since(before: set[int]) -> list[int]:
+    """This process's descendants that were not in `before` and are Ray's (by name or command line):
+    the caller's other children are never watched."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.pid not in before and "ray" in " ".join([child.name(), *child.cmdline()]):
+                found.append(child.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
 
 
 def start(pids: list[int]) -> subprocess.Popen:
@@ -29,7 +45,10 @@ def start(pids: list[int]) -> subprocess.Popen:
         except psutil.NoSuchProcess:
             continue
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "raysim.engine.reaper"],
+        # -I and cwd=/: nothing from the working directory (perhaps a received run directory) or
+        # PYTHON* variables is on the watcher's import path; it needs only the standard library and psutil
+        [sys.executable, "-I", __file__],
+        cwd=os.sep,
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
