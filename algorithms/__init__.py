@@ -1,1 +1,14 @@
-"""The built-in algorithms, one module each, found by `raysim.registry` by module name."""
+"""The built-in algorithms, one folder per family; installed as `raysim.algorithms`.
+
+fedavg/     FedAvg and the algorithms that change its local training or aggregation
+condensed/  FedDM, FedAF, DCFL: clients condense their data; distribution matching, DSA,
+            sliced Wasserstein, CKA
+dynafed/    DynaFed: the server synthesizes data by trajectory matching
+oneshot/    one communication round: FedAvg one-shot, OT fusion, FedDF, DENSE, Co-Boosting,
+            FedHydra; the generator, its losses, ensembles, stratification, OT and the client-stage cache
+
+Each family's `__init__.py` names its algorithms (`ALGORITHMS`: the modules that each define one
+`Algorithm` subclass whose `name` is the module's name); `raysim.registry` finds
+`algorithm.name: fedavg` there. The rest of a family's modules are its machinery. Nothing under
+raysim's engine, outputs, config, data or models imports from here (tests/test_layout.py).
+"""

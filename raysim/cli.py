@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, user_message
 
 EXIT_USER_ERROR = 2
 
@@ -22,7 +22,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.outputs.run_lock import lock_run_dir
     from raysim.runner import completed_rounds, discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
@@ -133,7 +133,7 @@ def disk_full(exc: BaseException) -> str | None:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.partition import format_counts
     from raysim.runner import prepare
     from raysim.shipped_configs import resolve
@@ -297,7 +297,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=_cmd_tune)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")
-    bench.add_argument("which", choices=["overhead", "condense", "determinism", "trajectory"])
+    from raysim.bench import BENCHES
+
+    bench.add_argument("which", choices=list(BENCHES))
     bench.add_argument("extra", nargs="*", help="key=value options of the benchmark")
     bench.set_defaults(func=_cmd_bench)
     return parser
@@ -314,14 +316,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `raysim configs | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
-
-
-def user_message(exc: BaseException) -> str:
-    """The message of a RaysimError, also when an actor raised it: Ray then wraps it in a RayTaskError
-    (still a RaysimError) whose text is a traceback, and keeps the original as `.cause`."""
-    while isinstance(getattr(exc, "cause", None), BaseException):
-        exc = exc.cause
-    return str(exc)
 
 
 if __name__ == "__main__":

@@ -305,36 +305,6 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_config(
-    path: str | Path | None = None, overrides: list[str] = (), base: dict[str, Any] | None = None
-) -> Config:
-    """Read a YAML file (or start from `base`), apply overrides, validate everything."""
-    tree = dict(base or {}) if path is None else read_yaml(path)
-    for text in overrides:
-        key_path, value = parse_override(text)
-        set_path(tree, key_path, value)
-    return config_from_dict(tree)
-
-
-def config_from_dict(tree: dict[str, Any]) -> Config:
-    tree = dict(tree)
-    algorithm = tree.pop("algorithm", None) or {}
-    if not isinstance(algorithm, dict):
-        raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
-    resources = tree.get("resources")
-    if isinstance(resources, dict) and resources.get("actors") == "auto":
-        tree["resources"] = {**resources, "actors": None}
-    config = build_dataclass(Config, tree, "")
-    # Imported here: the algorithm registry imports torch, which config parsing should not need.
-    from raysim.registry import check_algorithm_config, resolve_params
-
-    config.algorithm = resolve_params(algorithm)
-    validate(config)
-    check_algorithm_config(config)
-    client_architectures(config)  # a malformed clients.models fails here, before Ray starts
-    return config
-
-
 def client_architectures(config: Config) -> list[ModelConfig]:
     """The architecture of every client (index = client id), from `clients.models` and `model:`."""
     spec, num = config.clients.models, config.clients.num

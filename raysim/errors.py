@@ -7,3 +7,11 @@ class RaysimError(Exception):
     The message must name the problem and the fix in one line; the CLI prints
     it on stderr without a traceback and exits with code 2.
     """
+
+
+def user_message(exc: BaseException) -> str:
+    """The message of a RaysimError, also when an actor raised it: Ray then wraps it in a RayTaskError
+    (still a RaysimError) whose text is a traceback, and keeps the original as `.cause`."""
+    while isinstance(getattr(exc, "cause", None), BaseException):
+        exc = exc.cause
+    return str(exc)

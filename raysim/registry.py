@@ -1,7 +1,9 @@
 """Which algorithm a config names: a built-in found by convention, or the user's own class.
 
-Built-ins are discovered, not listed: `algorithm.name: fedavg` is the `Algorithm` subclass whose
-`name` is "fedavg" in the module `algorithms/fedavg.py` (modules starting with `_` are helpers).
+Built-ins live in families (`raysim.algorithms.<family>`, discovered), each naming its algorithms
+in `ALGORITHMS`: `algorithm.name: fedavg` is the `Algorithm` subclass whose `name` is "fedavg" in
+the module `raysim.algorithms.<family>.fedavg`. Only the family package and the one module asked for
+are imported (one-shot machinery pulls in scipy, which a FedAvg run should not pay for).
 `algorithm.name: package.module:Class` loads a researcher's class from their own file; it is
 validated like a built-in (unknown or ill-typed parameters fail before Ray starts).
 """
@@ -13,16 +15,32 @@ import pkgutil
 from dataclasses import asdict, fields
 from typing import Any
 
+from raysim.config import build_dataclass
 from raysim.errors import RaysimError
 from raysim.plugins import load_object
 
-BUILTIN_PACKAGE = "algorithms"  # imported by name only: algorithms import raysim, never the reverse
+# Imported by name only: the algorithms import raysim's engine, never the reverse.
+BUILTIN_PACKAGE = "raysim.algorithms"
+
+
+def builtin_modules() -> dict[str, str]:
+    """algorithm name -> its module, over every family (a name in two families is a bug, said plainly)."""
+    package = importlib.import_module(BUILTIN_PACKAGE)
+    modules: dict[str, str] = {}
+    for family in pkgutil.iter_modules(package.__path__):
+        if not family.ispkg or family.name.startswith("_"):
+            continue
+        names = importlib.import_module(f"{BUILTIN_PACKAGE}.{family.name}").ALGORITHMS
+        for name in names:
+            if name in modules:
+                raise RaysimError(f"algorithm '{name}' is named by two families: {modules[name]} and {family.name}")
+            modules[name] = f"{BUILTIN_PACKAGE}.{family.name}.{name}"
+    return modules
 
 
 def builtin_names() -> list[str]:
-    """The built-in algorithms, in alphabetical order (one module each)."""
-    package = importlib.import_module(BUILTIN_PACKAGE)
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))
+    """The built-in algorithms, in alphabetical order."""
+    return sorted(builtin_modules())
 
 
 def algorithm_class(name: str) -> type:
@@ -33,16 +51,16 @@ def algorithm_class(name: str) -> type:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise RaysimError(
                 f"algorithm.name='{name}' is not a subclass of raysim.algorithm.Algorithm: "
-                "derive your class from it (or from algorithms.fedavg.FedAvg)"
+                "derive your class from it (or from raysim.algorithms.fedavg.FedAvg)"
             )
         return cls
-    known = builtin_names()
+    known = builtin_modules()
     if name not in known:
         raise RaysimError(
-            f"unknown algorithm '{name}': choose one of {', '.join(known)} "
+            f"unknown algorithm '{name}': choose one of {', '.join(sorted(known))} "
             "or give your own as package.module:Class (algorithm.name)"
         )
-    module = importlib.import_module(f"{BUILTIN_PACKAGE}.{name}")
+    module = importlib.import_module(known[name])
     found = [
         obj
         for obj in vars(module).values()
@@ -58,8 +76,6 @@ def algorithm_class(name: str) -> type:
 
 def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
     """`algorithm:` section -> {name, every parameter with its default filled in}, validated."""
-    from raysim.config import build_dataclass
-
     section = dict(section)
     name = str(section.pop("name", "fedavg"))
     cls = algorithm_class(name)
@@ -79,8 +95,6 @@ def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
 
 def class_and_params(config) -> tuple[type, Any]:
     """The config's algorithm class and its Params built from `algorithm:`."""
-    from raysim.config import build_dataclass
-
     section = dict(config.algorithm)
     cls = algorithm_class(section.pop("name"))
     return cls, build_dataclass(cls.Params, section, "algorithm")

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from raysim.algorithm import ModelSpec
-from raysim.config import Config, dump_config, load_config
+from raysim.config import Config, dump_config
+from raysim.config_loading import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
 from raysim.errors import RaysimError

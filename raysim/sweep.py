@@ -28,7 +28,8 @@ from typing import Any
 
 import yaml
 
-from raysim.config import Config, config_from_dict, parse_override, read_yaml, set_path
+from raysim.config import Config, parse_override, read_yaml, set_path
+from raysim.config_loading import config_from_dict
 from raysim.errors import RaysimError
 
 SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")

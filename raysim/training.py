@@ -20,7 +20,7 @@ from raysim.config import LocalConfig
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 GradHook = Callable[[torch.nn.Module], None]
-Augment = Callable[[torch.Tensor, int], torch.Tensor]  # (batch, seed) -> augmented batch (raysim.condense.augment.DSA)
+Augment = Callable[[torch.Tensor, int], torch.Tensor]  # (batch, seed) -> augmented batch, e.g. DSA
 
 
 def cross_entropy_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

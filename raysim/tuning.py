@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from raysim.config import ResourcesConfig, dump_config
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.files import write_text
 from raysim.sweep import Sweep, load_sweep
@@ -220,8 +220,6 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
 
 def error_line(error: BaseException) -> str:
     """What a failed trial raised, in one line (a RaysimError's message; else the exception's last line)."""
-    from raysim.cli import user_message
-
     text = user_message(error).strip()
     lines = [line for line in text.splitlines() if line.strip()]
     return lines[-1].strip() if len(lines) > 1 else (lines[0] if lines else type(error).__name__)

@@ -32,7 +32,24 @@ LONG_FIRST = (
 )
 
 
+# The inner loop is `pytest -m "not slow"` (under 3 minutes on 2 cores): no Ray, no whole runs. A
+# test is slow when it starts Ray (the `ray_session` fixture, also through `run_tiny`), uses a
+# fixture that runs experiments, lives in one of these files of end-to-end runs in subprocesses
+# (Tune, kill-and-resume, received directories, real data), or is marked `slow` itself.
+SLOW_FIXTURES = {"ray_session", "six_methods", "dcfl_run"}  # the last two run whole experiments
+SLOW_FILES = {
+    "test_tune.py",
+    "test_faults.py",
+    "test_received_dirs.py",
+    "test_real_data.py",
+    "test_resume_refusals.py",
+}
+
+
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in SLOW_FILES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
     items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: keeps the order within files
 
 
@@ -92,7 +109,7 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
     checks that both give the same numbers. Runs are deterministic, so a run with the same
     overrides is done once per session and shared.
     """
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.runner import run_experiment
 
     def run(**overrides):

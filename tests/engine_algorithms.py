@@ -9,8 +9,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from algorithms.fedavg import FedAvg
 from raysim.algorithm import Algorithm, Broadcast
+from raysim.algorithms.fedavg.fedavg import FedAvg
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 from raysim.training import evaluate, local_train

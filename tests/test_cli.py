@@ -178,6 +178,7 @@ def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_re
     assert "eval.targets" not in text and [r.split()[2] for r in rows] == ["2", "2", "1"]
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
     result = raysim(
         "run",
@@ -197,7 +198,7 @@ def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
 
 
 def test_a_root_given_for_the_embedded_dataset_is_noted_as_ignored(capsys):
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.runner import prepare
 
     prepare(load_config(QUICK, ["dataset.root=/some/data"]))

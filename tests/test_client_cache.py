@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from raysim import client_cache
-from raysim.config import load_config
+from raysim.algorithms.oneshot import client_cache
+from raysim.config_loading import load_config
 from raysim.runner import prepare
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, run
@@ -75,6 +75,7 @@ def test_an_entry_that_is_not_this_runs_clients_is_refused():
     assert unknown.accepts(weights, sizes) and not unknown.accepts(weights, {**sizes, 1: 0})
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_other_normalisation_constants_miss_the_cache_and_give_the_uncached_numbers(tmp_path, monkeypatch):
     """The case issue 45 found: the same run with other dataset.mean/std hit the old entry."""
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
@@ -88,6 +89,7 @@ def test_other_normalisation_constants_miss_the_cache_and_give_the_uncached_numb
     assert run(tmp_path, "third", **moved)[0]["client_stage_cached"]
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_a_planted_entry_with_missing_clients_is_a_miss(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
     first, _ = run(tmp_path, "first", **{"algorithm.name": "dense"})

@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.condense.augment import DSA, FAMILIES
-from raysim.condense.matching import class_mean_logits, dm_loss, real_batch_indices, soft_labels, symmetric_kl
-from raysim.condense.models import perturb_model, resample_model
-from raysim.condense.synthetic import dequantize, init_synthetic, quantize
-from raysim.condense.wasserstein import sliced_wasserstein
+from raysim.algorithms.condensed.dsa import DSA, FAMILIES
+from raysim.algorithms.condensed.match_models import perturb_model, resample_model
+from raysim.algorithms.condensed.matching import (
+    class_mean_logits,
+    dm_loss,
+    real_batch_indices,
+    soft_labels,
+    symmetric_kl,
+)
+from raysim.algorithms.condensed.synthetic import dequantize, init_synthetic, quantize
+from raysim.algorithms.condensed.wasserstein import sliced_wasserstein
 from raysim.models import build_model
 from raysim.tensors import module_weights
 from raysim.training import even_batches

@@ -11,13 +11,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from algorithms.dcfl import cka_label_spearman, complementary_group, exploit_probabilities, random_group
-from raysim.config import load_config
+from raysim.algorithms.condensed.dcfl import (
+    cka_label_spearman,
+    complementary_group,
+    exploit_probabilities,
+    random_group,
+)
+from raysim.algorithms.condensed.similarity import cka_matrix
+from raysim.config_loading import load_config
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing
-from raysim.similarity import cka_matrix
 from raysim.tensors import load_weights, module_weights, serialized_nbytes
 from tests.conftest import tiny_overrides
 
@@ -165,6 +170,7 @@ def test_dcfl_gives_the_same_numbers_on_one_and_two_actors(dcfl_run, ray_session
         assert deterministic_rows(run_dir) == deterministic_rows(reference)
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_a_resumed_dcfl_run_continues_to_the_same_numbers(dcfl_run, tmp_path):
     """The CKA matrix, the pool of condensed sets, the seen clients and the clients' own condensed sets
     are state: extending a 2-round run to 4 rounds equals running 4 at once."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.config import load_config
+from raysim.config_loading import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "configs" / "dcfl"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.condense.trajectory import (
+from raysim.algorithms.dynafed.trajectory import (
     as_tensors,
     classifier_names,
     distance_after_training,
@@ -110,7 +110,7 @@ def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
 def test_the_plain_and_shift_invariant_losses_pull_the_synthetic_set_the_same_way():
     """SGD on D_syn cannot move the shared row shift, so in the plain distance (eq. 3) it is a constant:
     the two distances' gradients differ by one positive factor per segment (the ratio of denominators)."""
-    from raysim.condense.trajectory import _squared_gap, unrolled_training
+    from raysim.algorithms.dynafed.trajectory import _squared_gap, unrolled_training
 
     model, trajectory = toy_trajectory()
     for p in model.parameters():
@@ -187,7 +187,7 @@ def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
 
 
 def test_horizon_longer_than_the_trajectory_is_one_clear_error():
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.errors import RaysimError
     from tests.conftest import tiny_overrides
 
@@ -214,7 +214,7 @@ def test_inner_loss_is_the_soft_cross_entropy_averaged_over_batch_and_classes():
 def test_segment_targets_are_sampled_checkpoints_between_start_and_horizon():
     """The paper: the target averages 2 checkpoints *sampled* between w_t and w_{t+s}; so for a fixed
     start it varies between draws and sits about (s + 1) / 2 checkpoints ahead, not at t + s - 0.5."""
-    from raysim.condense.trajectory import segment
+    from raysim.algorithms.dynafed.trajectory import segment
 
     trajectory = [{"w": np.array([float(i)], np.float32)} for i in range(12)]
     horizon, g = 5, torch.Generator().manual_seed(0)
@@ -237,8 +237,8 @@ def test_segment_targets_are_sampled_checkpoints_between_start_and_horizon():
 
 def test_every_unrolled_step_sees_the_whole_synthetic_set_with_per_image_augmentation():
     """Authors' code: batch = C x ipc (CIFAR-100: all 1500 images, not 256) and DSA drawn per image."""
-    from algorithms.dynafed import DynaFed, augmentation
-    from raysim.condense.trajectory import unrolled_training
+    from raysim.algorithms.dynafed.dynafed import DynaFed, augmentation
+    from raysim.algorithms.dynafed.trajectory import unrolled_training
 
     assert DynaFed.Params().syn_batch == 0  # 0: all of D_syn
     assert augmentation(True).per_image and augmentation(False) is None
@@ -268,8 +268,8 @@ def test_training_on_synthetic_data_alone_follows_the_authors_evaluation(monkeyp
     same initial model; `adam` keeps raysim's earlier protocol."""
     import types
 
-    import algorithms.dynafed as dynafed
-    from raysim.config import load_config
+    import raysim.algorithms.dynafed.dynafed as dynafed
+    from raysim.config_loading import load_config
     from raysim.registry import make_algorithm
     from tests.conftest import tiny_overrides
 
@@ -301,7 +301,7 @@ def test_training_on_synthetic_data_alone_follows_the_authors_evaluation(monkeyp
 
 
 def test_an_unknown_syn_only_optimizer_is_one_clear_error():
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.errors import RaysimError
     from tests.conftest import tiny_overrides
 
@@ -313,8 +313,8 @@ def test_an_unknown_syn_only_optimizer_is_one_clear_error():
 
 
 def test_bench_trajectory_times_synthesis_and_repeats_it_bit_for_bit(capsys):
+    from raysim.algorithms.dynafed.bench import DEFAULTS, trajectory
     from raysim.bench import main
-    from raysim.bench_trajectory import DEFAULTS, trajectory
 
     small = {"cases": "fmnist_mlp,cifar10_convnet", "ipc": "2", "inner_steps": "2", "width": "8", "iterations": "1"}
     results = trajectory({**DEFAULTS, **small, "device": "cpu"})
@@ -360,8 +360,8 @@ def test_recomputed_unrolled_steps_give_the_same_gradients_holding_one_steps_gra
     """recompute_steps: the same loss and gradients for images, labels and step size as differentiating
     through all s' steps at once (DSA per image, a batch-norm ConvNet, whole set or batches), with a
     fraction of the memory autograd holds."""
-    from algorithms.dynafed import augmentation
-    from raysim.condense.trajectory import MIN_STEP_SIZE, matching_gradients_recomputed, unrolled_training
+    from raysim.algorithms.dynafed.dynafed import augmentation
+    from raysim.algorithms.dynafed.trajectory import MIN_STEP_SIZE, matching_gradients_recomputed, unrolled_training
 
     torch.manual_seed(0)
     model = build_model("convnet", in_channels=1, num_classes=3, image_size=8, width=4, depth=1, norm="batchnorm")

@@ -69,7 +69,7 @@ def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_on
 
 
 def test_a_model_that_the_algorithm_cannot_use_is_refused_before_ray_starts():
-    from raysim.config import load_config
+    from raysim.config_loading import load_config
     from raysim.errors import RaysimError
     from raysim.runner import prepare
 
@@ -94,7 +94,8 @@ def test_server_only_rounds_resume_after_sigkill_to_the_same_numbers(run_tiny, t
     done = run_and_kill_after_round(tiny_overrides(**extra), run_dir, 2, env)  # in a server-only round
     assert 2 <= done < 4
     resumed = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir)],
+        # the run names user code (tests.engine_algorithms), which a resume imports only when allowed
+        [sys.executable, "-m", "raysim.cli", "run", "--resume", str(run_dir), "--allow-code"],
         env=env,
         cwd=ROOT,
         capture_output=True,
@@ -180,6 +181,7 @@ def readme_example() -> tuple[str, list[str]]:
     return code, command
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tmp_path):
     code, command = readme_example()
     (tmp_path / "my_fl.py").write_text(code)

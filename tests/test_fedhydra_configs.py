@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from raysim.algorithm import ModelSpec
-from raysim.config import load_config
+from raysim.config_loading import load_config
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
 from raysim.runner import check_models

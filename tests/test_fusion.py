@@ -1,4 +1,4 @@
-"""Tests for raysim.fusion: OT (permutation) alignment keeps the function, recovers permutations,
+"""Tests for raysim.algorithms.oneshot.fusion: OT (permutation) alignment keeps the function, recovers permutations,
 fuses with coefficients, and rejects unsupported architectures."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
+from raysim.algorithms.oneshot.fusion import align_to, layer_activations, ot_fuse
 from raysim.errors import RaysimError
-from raysim.fusion import align_to, layer_activations, ot_fuse
 from raysim.models import build_model
 
 # (name, build_model kwargs, input shape)

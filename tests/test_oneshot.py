@@ -1,5 +1,5 @@
-"""The one-shot family: the shared machinery (raysim.synthesis, raysim.client_cache) and the six methods
-on the embedded dataset."""
+"""The one-shot family (raysim.algorithms.oneshot): the shared machinery (generator, losses,
+client-stage cache) and the six methods on the embedded dataset."""
 
 from __future__ import annotations
 
@@ -12,12 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from raysim.config import load_config
-from raysim.errors import RaysimError
-from raysim.models import build_model
-from raysim.outputs.metrics import is_timing
-from raysim.synthesis.augment import crop_flip
-from raysim.synthesis.ensemble import (
+from raysim.algorithms.oneshot.augment import crop_flip
+from raysim.algorithms.oneshot.ensemble import (
     mean_logits,
     normalise_over_classes,
     normalise_over_clients,
@@ -25,9 +21,18 @@ from raysim.synthesis.ensemble import (
     stratified_predict,
     weighted_logits,
 )
-from raysim.synthesis.generator import Generator, reset_generator
-from raysim.synthesis.losses import BNStatistics, adversarial_loss, distillation_loss, hard_sample_cross_entropy
-from raysim.synthesis.stratify import loss_variation, rank_against_predictions
+from raysim.algorithms.oneshot.generator import Generator, reset_generator
+from raysim.algorithms.oneshot.losses import (
+    BNStatistics,
+    adversarial_loss,
+    distillation_loss,
+    hard_sample_cross_entropy,
+)
+from raysim.algorithms.oneshot.stratify import loss_variation, rank_against_predictions
+from raysim.config_loading import load_config
+from raysim.errors import RaysimError
+from raysim.models import build_model
+from raysim.outputs.metrics import is_timing
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,6 +266,7 @@ def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_n
     assert server_series(runs["coboosting"][1], "kd_lr") == pytest.approx([0.01, 0.005])
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypatch):
     """FedHydra is DENSE's loop plus SA, the hard-label term (eq. 18), its own KD temperature and
     reduction, its code's augmentation, learning rate and BN weight; its adversarial term (eq. 15) is
@@ -288,6 +294,7 @@ def test_fedhydra_without_its_additions_is_dense(six_methods, tmp_path, monkeypa
     assert server_series(runs["fedhydra"][1], "distill_loss") != server_series(dense_dir, "distill_loss")
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_the_literal_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_path, monkeypatch):
     """`aggregation: stratified_eq8` changes the teacher (each client's logits scaled per class by U_c),
     nothing before it: the same clients and u, so the same test-set readings of both teachers; and
@@ -336,6 +343,7 @@ def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_
     assert rows[1] == rows[2]
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_heterogeneous_clients_and_several_global_rounds(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
     summary, run_dir = run(
@@ -395,6 +403,7 @@ def test_one_shot_configuration_errors_are_one_clear_line():
         prepare(config)
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 @pytest.mark.parametrize("method", ["coboosting", "fedhydra"])
 def test_a_resumed_run_continues_to_the_same_numbers(six_methods, tmp_path, monkeypatch, method):
     """The pool, the distillation optimiser, the ensemble weights and the stratification are
@@ -445,6 +454,7 @@ def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
         )
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_an_unreadable_cache_entry_is_a_miss_and_is_rewritten(six_methods, tmp_path, monkeypatch):
     runs, cache = six_methods
     broken = tmp_path / "cache"

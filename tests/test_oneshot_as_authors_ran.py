@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from algorithms._transfer import to_shape
-from raysim.config import load_config
+from raysim.algorithms.oneshot.augment import augment_images
+from raysim.algorithms.oneshot.ensemble import normalise_over_classes, normalise_over_clients, stratified_logits
+from raysim.algorithms.oneshot.losses import distillation_loss
+from raysim.algorithms.oneshot.transfer import to_shape
+from raysim.config_loading import load_config
 from raysim.registry import class_and_params
-from raysim.synthesis.augment import augment_images
-from raysim.synthesis.ensemble import normalise_over_classes, normalise_over_clients, stratified_logits
-from raysim.synthesis.losses import distillation_loss
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series
 
@@ -217,6 +217,7 @@ def test_transfer_images_are_resized_and_converted_to_the_runs_channels():
     assert back.shape == (2, 3, 32, 32) and (back[1] == 100).all()
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     transfer = rng.integers(0, 256, (40, 32, 32, 3), dtype=np.uint8)
@@ -262,6 +263,7 @@ def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_p
 # ------------------------------------------------------------------ OT fusion
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_ot_fusion_aligns_by_activations_on_unlabelled_images_by_default(tmp_path, monkeypatch):
     rng = np.random.default_rng(1)
     write_parquet_dataset(tmp_path / "mnist", rng.integers(0, 256, (30, 28, 28, 1), dtype=np.uint8), np.arange(30) % 10)

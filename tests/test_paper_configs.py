@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raysim.config import load_config
-from raysim.data.registry import DATASET_NAMES
+from raysim.config_loading import load_config
+from raysim.data.loading import DATASET_NAMES
 from raysim.models import MODEL_NAMES
 from raysim.partition import PARTITION_KINDS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from raysim.config import load_config
+from raysim.config_loading import load_config
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PLANTED = """
 import pathlib
 pathlib.Path(__file__).with_name("IMPORTED").write_text("code ran")
-from algorithms.fedavg import FedAvg
+from raysim.algorithms.fedavg.fedavg import FedAvg
 
 
 class Plain(FedAvg):

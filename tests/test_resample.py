@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 
 import raysim.resample as resample
-from raysim.bench_determinism import compare
-from raysim.condense.augment import DSA
+from raysim.algorithms.condensed.dsa import DSA
+from raysim.algorithms.oneshot.augment import crop_flip
+from raysim.bench.determinism import compare
 from raysim.engine.devices import configure_torch
 from raysim.errors import RaysimError
 from raysim.models import build_model
-from raysim.synthesis.augment import crop_flip
 
 
 def random_grid(n: int, h: int, w: int, align_corners: bool) -> torch.Tensor:
@@ -109,8 +109,8 @@ def test_cuda_actors_turn_on_deterministic_mode_and_follow_the_tf32_setting(monk
 
 
 def test_the_client_stage_cache_key_follows_tf32_on_a_gpu_only():
-    from raysim.client_cache import client_stage_key
-    from raysim.config import load_config
+    from raysim.algorithms.oneshot.client_cache import client_stage_key
+    from raysim.config_loading import load_config
     from raysim.shipped_configs import ROOT
 
     def key(*overrides):

@@ -138,6 +138,7 @@ def test_a_live_run_directory_is_refused_and_freed_when_its_owner_is_killed(run_
     assert "finished all 2 rounds: nothing to run" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_two_runs_started_together_on_one_directory_one_wins(tmp_path):
     out = tmp_path / "same"
     cmd = [

@@ -1,4 +1,5 @@
-"""Linear CKA (raysim.similarity): the properties Kornblith et al. prove, on small random matrices."""
+"""Linear CKA (raysim.algorithms.condensed.similarity): the properties Kornblith et al. prove, on
+small random matrices."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.similarity import cka_matrix, linear_cka
+from raysim.algorithms.condensed.similarity import cka_matrix, linear_cka
 
 
 def randn(*shape, seed=0):

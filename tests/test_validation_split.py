@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config import load_config
+from raysim.config_loading import load_config
 from raysim.data.arrays import with_validation_split
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
@@ -45,6 +45,7 @@ def test_runs_of_any_seed_are_validated_on_the_same_images_and_the_clients_never
     assert np.array_equal(held[0], held[1])
 
 
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_a_run_on_the_validation_split_says_so(tmp_path):
     from raysim.runner import one_line_summary, run_experiment
 

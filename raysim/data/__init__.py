@@ -9,6 +9,6 @@ memoised in-process; see raysim.data.cache.
 
 from raysim.data.arrays import ArrayDataset
 from raysim.data.cache import clear_memory_cache
-from raysim.data.registry import DATASET_NAMES, describe_datasets, load_dataset
+from raysim.data.loading import DATASET_NAMES, describe_datasets, load_dataset
 
 __all__ = ["ArrayDataset", "DATASET_NAMES", "clear_memory_cache", "describe_datasets", "load_dataset"]

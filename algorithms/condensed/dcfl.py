@@ -1,0 +1,496 @@
+"""DCFL (Data Condensation aided FL with non-IID awareness; paper 002, Algorithms 1-2, eq. 4) on a base
+algorithm: `base: fedavg | fedprox | fednova | feddisco`, with that base's own parameters
+(`mu` for FedProx, `a` and `b` for FedDisco; unset: the base's default).
+
+Server (Algorithm 1):
+- *Pre-training* (rounds 1..`pretrain_rounds` = M): each round a random `pretrain_fraction` (C_pre)
+  of the K clients is asked; those not seen before condense their data (DM with DSA, `ipc` per
+  class), train from w^0, and upload model and condensed set (ClientUpdateWoCD). The global model
+  stays w^0 until round M, where the server trains it on the pooled condensed data (ServerUpdate,
+  `server_epochs` at `server_lr`). Pre-training rounds count as rounds (rounds_to_accuracy).
+- *Selection* (eq. 4): n = clients.per_round; round(epsilon n) seen clients are drawn without
+  replacement with probability proportional to their CKA row sums (SelectForExploit), the rest
+  uniformly among unseen clients (SelectForExplore); when either side runs short the other fills
+  in. `epsilon` is the exploitation fraction, as in Algorithm 1 and the notation table (the prose
+  calls it an exploration ratio with the opposite meaning). `selection: random` draws n uniformly
+  (Table IV).
+- *CKA* (raysim.algorithms.condensed.similarity): linear CKA between what clients' classifiers (the last linear layer,
+  rows = classes) learnt, kept as a K x K matrix M over the clients seen so far. What is compared
+  (`cka_on`) matters because M mixes clients last trained in different rounds, from different global
+  models, and two unrelated 10 x 128 classifiers already have linear CKA near 0.94: compared raw, a
+  classifier mostly shows the model it started from, not the data it saw.
+  `initial` (default; the paper's reading, Algorithm 1 line 13: M is filled in pre-training, where
+  every client trains from w^0): each client's classifier after training from w^0, written once,
+  when the client is first seen. With one start for all, two rows differ only by the clients' data,
+  which never changes, so M need not be refreshed. A client first seen once the global model has
+  left w^0 (the paper never puts it in M) also trains a copy of w^0 on its data (the base's
+  objective, E_c epochs, after its round's work) and uploads that copy's classifier; w^0 goes down
+  to it beside the round's model (both counted in the bytes).
+  `update`: each client's classifier change in its latest round, W_k - W_start, refreshed whenever
+  it takes part: no extra training, but changes made from different global models are only partly
+  comparable.
+  `latest`: each client's newest classifier itself (raysim before issue 44), kept to show the
+  stale-classifier effect.
+  Chosen by what M is for, and checked on the mechanism before any accuracy was compared: on a test
+  run whose clients join in different rounds, `initial` ranks client pairs by label overlap best
+  (experiments/dcfl/README.md has the figures).
+  Diagnostics per round (metrics.parquet; the last value in summary.json): `cka_label_spearman`,
+  Spearman's rho over the seen pairs between M and the cosine similarity of the two clients'
+  label histograms (does CKA see which clients hold the same classes? the server reads the
+  histograms for this number only), and `selection_spread`, the largest over the smallest of
+  eq. 4's probabilities.
+- *Complementary data* (GetComplementaryCondensedDataForK): a returning client receives the
+  condensed sets of its group, the `group_size` seen clients with the LOWEST CKA to it
+  (`complement: low`; the paper never says which, and low classifier similarity means dissimilar
+  label distributions, i.e. data that complements the client's own). `group_size: 0` means
+  participants per round - 1, the paper's communication estimate (Sec. IV-C). `filter_ratio` r > 0
+  drops, before delivery, the fraction r of those images with the highest loss under the current
+  global model (the paper filters "based on their performance" without a rule; dropping the least
+  consistent images is the reading that matches its stated aim of a more stable training).
+  `grouping: random` gives a returning client `group_size` seen clients drawn at random instead
+  (seeded by round and client): the control for what CKA grouping adds.
+- *Aggregation*: the base's, with each client's new data size (own + received images) as n_k; for
+  FedDisco the label counts include the received labels, for FedNova the steps include fine-tuning.
+
+Client (Algorithm 2): train `local.epochs` (E_c) on the own data with the base's local objective
+(FedProx's proximal term included), then with `use_condensed: finetune` `finetune_epochs` (E_s) on
+the received data plus the client's own condensed set (Alg. 2 line 13) at `finetune_lr` (eta_s,
+SGD with local.momentum), batch `finetune_batch` (B_s); `mix` trains E_c epochs on own + received
+data together; `none` receives nothing (CKA selection alone, Table IV). `train_dsa` applies DSA to
+every training batch (Alg. 2 lines 8 and 20; off for Table IV). Condensation matches through
+`match_gamma` w_global + (1 - match_gamma) w_random (raysim.algorithms.condensed.match_models.resample_model):
+0 = DM's fresh random network each step (the default: DCFL cites DM), 1 = the received model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from raysim.algorithm import Algorithm, Broadcast, ClientData, Context, Reply
+from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen, train_server_model
+from raysim.algorithms.condensed.dsa import DSA
+from raysim.algorithms.condensed.match_models import resample_model
+from raysim.algorithms.condensed.similarity import linear_cka, spearman
+from raysim.algorithms.condensed.synthetic import as_images, set_labels
+from raysim.errors import RaysimError
+from raysim.registry import algorithm_class
+from raysim.seeding import SERVER, numpy_rng, torch_generator
+from raysim.tensors import load_weights, module_weights
+from raysim.training import make_optimizer, train
+
+BASES = ("fedavg", "fedprox", "fednova", "feddisco")
+BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
+CKA_SOURCES = ("initial", "update", "latest")
+CLASSIFIER = "classifier.weight"
+
+
+@dataclass
+class DCFLParams(CondensationParams):
+    ipc: int = 10
+    image_momentum: float = 0.5  # DM's
+    server_epochs: int = 200  # pre-training ServerUpdate (the paper gives no settings)
+    server_lr: float = 0.01
+    base: str = "fedavg"
+    mu: float | None = None  # FedProx
+    a: float | None = None  # FedDisco
+    b: float | None = None  # FedDisco
+    pretrain_rounds: int = 1  # M
+    pretrain_fraction: float = 0.25  # C_pre
+    selection: str = "cka"  # cka (eq. 4) | random (Table IV)
+    cka_on: str = "initial"  # what M compares: initial | update | latest (module docstring)
+    grouping: str = "cka"  # who a returning client gets data from: cka | random (the control)
+    epsilon: float = 0.5  # fraction of a round's clients chosen by exploitation
+    complement: str = "low"  # which CKA neighbours make a client's group: low | high
+    group_size: int = 0  # 0: participants per round - 1
+    filter_ratio: float = 0.0  # r
+    use_condensed: str = "finetune"  # none | mix | finetune
+    finetune_epochs: int = 20  # E_s (chosen on validation data: experiments/dcfl/README.md)
+    finetune_lr: float = 0.001  # eta_s
+    finetune_batch: int = 32  # B_s
+    train_dsa: bool = True  # DSA on the clients' training batches
+    match_gamma: float = 0.0  # 0: DM's random networks; 1: the received global model
+
+    def validate(self):
+        CondensationParams.validate(self)
+        choices = {
+            "base": BASES,
+            "selection": ("cka", "random"),
+            "cka_on": CKA_SOURCES,
+            "grouping": ("cka", "random"),
+            "complement": ("low", "high"),
+            "use_condensed": ("none", "mix", "finetune"),
+        }
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise RaysimError(f"algorithm.{key} must be one of {', '.join(allowed)}, got '{getattr(self, key)}'")
+        own = {f.name for f in fields(algorithm_class(self.base).Params)}
+        foreign = [k for k in BASE_PARAMS if getattr(self, k) is not None and k not in own]
+        if foreign:
+            raise RaysimError(
+                f"algorithm.{foreign[0]} is not a parameter of base '{self.base}': remove it "
+                f"or set algorithm.base to the algorithm it belongs to"
+            )
+        if not 0 <= self.epsilon <= 1 or not 0 <= self.filter_ratio < 1 or not 0 < self.pretrain_fraction <= 1:
+            raise RaysimError(
+                "algorithm.epsilon must be in [0, 1], algorithm.filter_ratio in [0, 1) and "
+                "algorithm.pretrain_fraction in (0, 1]"
+            )
+        for key in ("pretrain_rounds", "group_size", "finetune_epochs"):
+            if getattr(self, key) < 0:
+                raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
+        if self.finetune_batch < 1:
+            raise RaysimError(f"algorithm.finetune_batch must be >= 1, got {self.finetune_batch}")
+
+
+def make_base(params: DCFLParams, config) -> Algorithm:
+    cls = algorithm_class(params.base)
+    given = {k: getattr(params, k) for k in BASE_PARAMS if getattr(params, k) is not None}
+    base_params = cls.Params(**given)
+    if hasattr(base_params, "validate"):
+        base_params.validate()
+    return cls(base_params, config)
+
+
+def exploit_probabilities(cka: np.ndarray, seen: list[int]) -> np.ndarray:
+    """Eq. 4: each seen client's off-diagonal CKA row sum over the seen clients, normalised."""
+    block = cka[np.ix_(seen, seen)]
+    sums = np.nansum(block, axis=1) - np.nan_to_num(np.diag(block))
+    sums = np.maximum(sums, 0.0) + 1e-12  # no information yet: uniform
+    return sums / sums.sum()
+
+
+def complementary_group(cka: np.ndarray, seen: list[int], client: int, size: int, complement: str) -> list[int]:
+    """The `size` seen clients (not `client`) with the lowest (complement=low) or highest CKA to
+    `client`; ties broken by client id."""
+    others = [k for k in seen if k != client]
+    sign = 1.0 if complement == "low" else -1.0
+    return sorted(others, key=lambda k: (sign * np.nan_to_num(cka[client, k], nan=0.0), k))[:size]
+
+
+def random_group(seed: int, round_index: int, seen: list[int], client: int, size: int) -> list[int]:
+    """`grouping: random`: `size` seen clients (not `client`) drawn uniformly, seeded by (round, client)."""
+    others = [k for k in seen if k != client]
+    picked = numpy_rng(seed, SERVER, "grouping", round_index, client).choice(
+        len(others), size=min(size, len(others)), replace=False
+    )
+    return sorted(others[i] for i in picked)
+
+
+def cka_representation(classifier: np.ndarray, start: np.ndarray, cka_on: str) -> np.ndarray:
+    """What M compares for one client: its classifier's change from `start` (update) or the classifier
+    itself (initial: trained from w^0; latest)."""
+    return classifier - start if cka_on == "update" else classifier
+
+
+def label_similarity(counts: np.ndarray) -> np.ndarray:
+    """Cosine similarity of the clients' label histograms (rows of `counts`)."""
+    unit = counts / np.maximum(np.linalg.norm(counts, axis=1, keepdims=True), 1e-12)
+    return unit @ unit.T
+
+
+def cka_label_spearman(cka: np.ndarray, counts: np.ndarray, seen: list[int]) -> float:
+    """Spearman's rho between M and the label-histogram similarity over the pairs of seen clients
+    (NaN with fewer than three pairs or a constant side)."""
+    pairs = [(i, j) for n, i in enumerate(seen) for j in seen[n + 1 :]]
+    if len(pairs) < 3:
+        return float("nan")
+    similar = label_similarity(counts.astype(np.float64))
+    return spearman([cka[i, j] for i, j in pairs], [similar[i, j] for i, j in pairs])
+
+
+class Condenser(CondensedDataAlgorithm):
+    """DCFL's ClientDatasetDistillation: DM with DSA (raysim's condensation loop, FedDM/FedAF's)."""
+
+    def matching_model(self, payload, client, ctx, seed):
+        net = frozen(ctx.model("match"))
+        net.train()
+        return resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.match_gamma, seed)
+
+
+class DCFL(Algorithm):
+    name = "dcfl"
+    summary = "DCFL: CKA-guided selection, clients share condensed data with complementary clients (on a base)"
+    Params = DCFLParams
+
+    def __init__(self, params, config):
+        super().__init__(params, config)
+        self.base = make_base(params, config)
+        self.condenser = Condenser(params, config)
+
+    @classmethod
+    def check_config(cls, config, params) -> None:
+        if config.rounds <= params.pretrain_rounds:
+            raise RaysimError(
+                f"rounds={config.rounds} leaves no training round after "
+                f"algorithm.pretrain_rounds={params.pretrain_rounds}: raise rounds or lower it"
+            )
+
+    @classmethod
+    def check_models(cls, spec) -> None:
+        if not isinstance(getattr(spec.build(), "classifier", None), torch.nn.Linear):
+            raise RaysimError(
+                f"dcfl compares clients by their classifier weights, and model '{spec.config.model.name}' "
+                "has no final linear layer named `classifier`: expose it as model.classifier"
+            )
+
+    # ------------------------------------------------------------- server
+    def server_init(self, model, ctx):
+        k = self.config.clients.num
+        weights = module_weights(model)
+        return {
+            "weights": weights,
+            "initial": weights if self.params.cka_on == "initial" else None,  # w^0, for late first-timers
+            "seen": [],
+            "classifiers": {},
+            "pool": {},
+            "cka": np.full((k, k), np.nan),
+            "pool_loss": {},
+        }
+
+    def pretraining(self, round_index: int) -> bool:
+        return round_index <= self.params.pretrain_rounds
+
+    def left_initial(self, round_index: int) -> bool:
+        """Whether the round's global model differs from w^0: it changes at the end of pre-training
+        (round M, the pool always holds round 1's sets) or, without pre-training, after round 1."""
+        return round_index > max(self.params.pretrain_rounds, 1)
+
+    def select_clients(self, state, round_index, rng, ctx):
+        p, num = self.params, self.config.clients.num
+        seen = state["seen"]
+        if self.pretraining(round_index):
+            n = max(round(p.pretrain_fraction * num), 1)
+            asked = rng.choice(num, size=n, replace=False)
+            return sorted(int(k) for k in asked if int(k) not in seen)  # seen clients have nothing to add
+        n = self.config.clients_per_round()
+        if p.selection == "random":
+            return super().select_clients(state, round_index, rng, ctx)
+        unseen = [k for k in range(num) if k not in seen]
+        exploit = min(round(p.epsilon * n), len(seen))
+        exploit = max(exploit, n - len(unseen))  # too few unseen clients: exploit the rest
+        chosen = []
+        if exploit:
+            chosen += [
+                int(k)
+                for k in rng.choice(seen, size=exploit, replace=False, p=exploit_probabilities(state["cka"], seen))
+            ]
+        if n - exploit:
+            chosen += [int(k) for k in rng.choice(unseen, size=n - exploit, replace=False)]
+        return sorted(chosen)
+
+    def group_size(self) -> int:
+        return self.params.group_size or max(self.config.clients_per_round() - 1, 1)
+
+    def broadcast(self, state, round_index, participants):
+        out = Broadcast({"weights": state["weights"]})
+        first = [k for k in participants if k not in state["seen"]]
+        if first:
+            part = {"condense": True}
+            if self.params.cka_on == "initial" and self.left_initial(round_index):
+                part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
+            out.to(first, part)
+        if self.params.use_condensed == "none":
+            return out
+        for k in participants:
+            if k in state["seen"]:
+                out.to(k, self.group_data(state, self.group(state, round_index, k)))
+        return out
+
+    def group(self, state, round_index: int, client: int) -> list[int]:
+        """The seen clients whose condensed sets a returning client receives."""
+        if self.params.grouping == "random":
+            return random_group(self.config.seed, round_index, state["seen"], client, self.group_size())
+        return complementary_group(state["cka"], state["seen"], client, self.group_size(), self.params.complement)
+
+    def group_data(self, state, group: list[int]) -> dict[str, np.ndarray]:
+        """The group's condensed images and labels, less the filtered fraction (filter_ratio)."""
+        if not group:
+            return {}
+        x, y = pool_arrays(state["pool"], group)
+        if self.params.filter_ratio > 0:
+            loss = np.concatenate([state["pool_loss"][k] for k in group])
+            kept = max(1, round(len(loss) * (1 - self.params.filter_ratio)))
+            keep = np.sort(np.argsort(loss, kind="stable")[:kept])
+            x, y = x[keep], y[keep]
+        return {"extra_images": x, "extra_labels": y}
+
+    def server_update(self, state, replies: list[Reply], round_index, ctx):
+        state = {
+            **state,
+            "seen": list(state["seen"]),
+            "pool": dict(state["pool"]),
+            "classifiers": dict(state["classifiers"]),
+            "cka": state["cka"].copy(),
+        }
+        for r in replies:
+            if "images" in r.message:
+                state["pool"][r.client] = {"images": r.message["images"], "classes": r.message["classes"]}
+                state["seen"] = sorted(set(state["seen"]) | {r.client})
+            self.update_cka(state, r.client, r.message)
+        if self.pretraining(round_index):
+            if round_index == self.params.pretrain_rounds and state["pool"]:
+                state["weights"] = self.train_on_pool(state, round_index, ctx)
+        elif replies:
+            resized = [Reply(r.client, int(r.message["data_size"]), r.message) for r in replies]
+            state["weights"] = self.base.aggregate(state, resized, ctx)
+        if self.params.filter_ratio > 0:
+            state["pool_loss"] = self.pool_losses(state, ctx)
+        self.log_diagnostics(state, ctx)
+        return state
+
+    def update_cka(self, state, client: int, message: dict[str, Any]) -> None:
+        """Client `client`'s row of M from this round's reply (module docstring, `cka_on`); with
+        `initial` a row is written once, when the client is first seen."""
+        if self.params.cka_on == "initial":
+            if client in state["classifiers"]:
+                return
+            classifier = message.get("cka_classifier", message["weights"][CLASSIFIER])
+        else:
+            classifier = message["weights"][CLASSIFIER]
+        start = state["weights"][CLASSIFIER]  # the model this round's replies trained from
+        state["classifiers"][client] = mine = cka_representation(classifier, start, self.params.cka_on)
+        for other, theirs in state["classifiers"].items():
+            value = 1.0 if other == client else linear_cka(torch.as_tensor(mine), torch.as_tensor(theirs))
+            state["cka"][client, other] = state["cka"][other, client] = value
+
+    def log_diagnostics(self, state, ctx) -> None:
+        """M's off-diagonal mean, `cka_label_spearman` and `selection_spread` (module docstring)."""
+        seen = state["seen"]
+        ctx.log.scalar("clients_seen", len(seen))
+        if len(seen) < 2:
+            return
+        block = state["cka"][np.ix_(seen, seen)]
+        ctx.log.scalar("cka_mean_off_diagonal", float((np.nansum(block) - len(seen)) / (len(seen) ** 2 - len(seen))))
+        probabilities = exploit_probabilities(state["cka"], seen)
+        ctx.log.scalar("selection_spread", float(probabilities.max() / probabilities.min()), summary=True)
+        if ctx.label_counts is not None:
+            rho = cka_label_spearman(state["cka"], np.asarray(ctx.label_counts), seen)
+            if np.isfinite(rho):
+                ctx.log.scalar("cka_label_spearman", rho, summary=True)
+
+    def train_on_pool(self, state, round_index, ctx):
+        """ServerUpdate(w^0, D~): the initial model trained on every condensed set received."""
+        x, y = pool_arrays(state["pool"], sorted(state["pool"]))
+        x, y = to_images(x, ctx), torch.as_tensor(y, device=ctx.device)
+        model = ctx.model("server")
+        load_weights(model, state["weights"])
+        train_server_model(model, x, y, self.params, torch_generator(self.config.seed, SERVER, round_index))
+        return module_weights(model)
+
+    def pool_losses(self, state, ctx) -> dict[int, np.ndarray]:
+        """Each pooled image's cross-entropy under the current global model (for filter_ratio)."""
+        model = ctx.model("server")
+        load_weights(model, state["weights"])
+        model.eval()
+        out = {}
+        with torch.no_grad():
+            for k in sorted(state["pool"]):
+                x, y = pool_arrays(state["pool"], [k])
+                x, y = to_images(x, ctx), torch.as_tensor(y, device=ctx.device)
+                out[k] = F.cross_entropy(model(x), y, reduction="none").cpu().numpy()
+        return out
+
+    # ------------------------------------------------------------- client
+    def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
+        p, local = self.params, self.config.local
+        message = {}
+        if payload.get("condense"):
+            message.update(self.condenser.client_update(payload, client, ctx))
+            client.state["condensed"] = {"images": message["images"], "classes": message["classes"]}
+        model = ctx.model()
+        load_weights(model, payload["weights"])
+        extra_x, extra_y = self.received(payload, client, ctx)
+        augment = DSA(per_image=True) if p.train_dsa else None
+        loss_fn, hook = self.base.local_loss(payload, client, ctx), self.base.grad_hook(payload, client, ctx)
+        x, y = client.x, client.y
+        if p.use_condensed == "mix" and extra_y is not None:
+            x, y = torch.cat([x, extra_x]), torch.cat([y, extra_y])
+        stats = self.train_locally(model, x, y, payload, client, ctx, augment)
+        steps = stats.steps
+        if p.use_condensed == "finetune" and extra_y is not None:
+            tune = torch.optim.SGD(model.parameters(), lr=p.finetune_lr, momentum=local.momentum)
+            steps += train(
+                model,
+                extra_x,
+                extra_y,
+                epochs=p.finetune_epochs,
+                batch_size=p.finetune_batch,
+                optimizer=tune,
+                generator=client.generator,
+                loss_fn=loss_fn,
+                augment=augment,
+                grad_hook=hook,
+            ).steps
+        client.metrics["train_loss"] = stats.mean_loss
+        client.metrics["local_steps"] = steps
+        received = len(payload["extra_labels"]) if "extra_labels" in payload else 0
+        client.metrics["received_images"] = received
+        counts = client.label_counts.copy()
+        if received:
+            counts += np.bincount(np.asarray(payload["extra_labels"]), minlength=len(counts))
+        message["weights"] = module_weights(model)
+        message.update(
+            self.base.after_training(model, payload, dataclasses.replace(client, label_counts=counts), ctx, steps)
+        )
+        message["data_size"] = np.int64(client.num_samples + received)
+        if "cka_from" in payload:
+            message["cka_classifier"] = self.classifier_from_initial(payload, client, ctx, augment)
+        return message
+
+    def classifier_from_initial(self, payload, client: ClientData, ctx, augment) -> np.ndarray:
+        """`cka_on: initial` for a client first seen after pre-training: the classifier of a copy of
+        w^0 trained as in pre-training (the base's objective anchored at w^0, E_c epochs)."""
+        start = {**payload, "weights": payload["cka_from"]}
+        model = ctx.model("cka")
+        load_weights(model, start["weights"])
+        self.train_locally(model, client.x, client.y, start, client, ctx, augment)
+        return model.classifier.weight.detach().cpu().numpy().copy()
+
+    def train_locally(self, model, x, y, payload, client: ClientData, ctx, augment):
+        """E_c epochs of the base's local objective (anchored at payload's weights) on (x, y)."""
+        local = self.config.local
+        return train(
+            model,
+            x,
+            y,
+            epochs=local.epochs,
+            batch_size=local.batch_size,
+            optimizer=make_optimizer(model.parameters(), local),
+            generator=client.generator,
+            loss_fn=self.base.local_loss(payload, client, ctx),
+            augment=augment,
+            grad_hook=self.base.grad_hook(payload, client, ctx),
+        )
+
+    def received(self, payload, client: ClientData, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What a returning client trains on besides its data: the group's condensed sets it received
+        and (fine-tune) its own condensed set (Alg. 2 line 13)."""
+        if "extra_images" not in payload:
+            return None, None
+        xs = [to_images(payload["extra_images"], ctx)]
+        ys = [torch.as_tensor(np.asarray(payload["extra_labels"]), device=ctx.device)]
+        own = client.state.get("condensed")
+        if own is not None and self.params.use_condensed == "finetune":
+            xs.append(to_images(own["images"], ctx))
+            ys.append(torch.as_tensor(set_labels(own["classes"], len(own["images"])), device=ctx.device))
+        return torch.cat(xs), torch.cat(ys)
+
+    def summary_extras(self, state):
+        return {"clients_seen": len(state["seen"])}
+
+
+def pool_arrays(pool: dict[int, dict[str, np.ndarray]], clients: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The condensed sets of `clients` (in that order) as one array of images and one of labels."""
+    images = [pool[k]["images"] for k in clients]
+    labels = [set_labels(pool[k]["classes"], len(x)) for k, x in zip(clients, images)]
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def to_images(images: np.ndarray, ctx: Context) -> torch.Tensor:
+    return as_images(images, ctx.mean, ctx.std, ctx.device)

@@ -1,0 +1,33 @@
+"""FedProx (Li et al., 2020): local objective + mu/2 ||w - w_global||^2."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raysim.algorithms.fedavg._params import as_tensors, param_names, squared_distance
+from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.errors import RaysimError
+from raysim.training import cross_entropy_loss
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+    summary = "FedProx: FedAvg with a proximal term mu/2 ||w - w_global||^2"
+
+    @dataclass
+    class Params:
+        mu: float = 0.001  # FedAF's setting
+
+        def validate(self):
+            if self.mu < 0:
+                raise RaysimError(f"algorithm.mu must be >= 0, got {self.mu}")
+
+    def local_loss(self, payload, client, ctx):
+        model = ctx.model()
+        anchor = as_tensors(payload["weights"], param_names(model), ctx.device)
+        mu = self.params.mu
+
+        def loss_fn(model, x, y):
+            return cross_entropy_loss(model, x, y) + 0.5 * mu * squared_distance(model, anchor)
+
+        return loss_fn

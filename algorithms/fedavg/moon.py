@@ -1,0 +1,60 @@
+"""MOON (Li, He, Song, 2021): model-contrastive local loss.
+
+  l_con = -log( e^{sim(z, z_glob)/T} / (e^{sim(z, z_glob)/T} + e^{sim(z, z_prev)/T}) )   (eq. 3)
+  loss  = CE + mu * l_con                                                               (eq. 4)
+z is the model's embedding (everything before the classifier; the paper adds a
+projection head, which these models do not have). z_prev comes from the
+client's previous local model, kept as per-client state; before a client's
+first round the global model stands in for it (as in the authors' code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.errors import RaysimError
+from raysim.tensors import load_weights, module_weights
+
+
+class Moon(FedAvg):
+    name = "moon"
+    summary = "MOON: model-contrastive loss against the global and previous local model"
+
+    @dataclass
+    class Params:
+        mu: float = 1.0  # FedAF's setting
+        temperature: float = 0.5
+
+        def validate(self):
+            if self.mu < 0:
+                raise RaysimError(f"algorithm.mu must be >= 0, got {self.mu}")
+            if not self.temperature > 0:  # 0 divides the similarities by zero: the run learns nothing
+                raise RaysimError(f"algorithm.temperature must be > 0, got {self.temperature}")
+
+    def local_loss(self, payload, client, ctx):
+        global_model, previous_model = ctx.model("moon_global"), ctx.model("moon_previous")
+        load_weights(global_model, payload["weights"])
+        load_weights(previous_model, client.state.get("previous", payload["weights"]))
+        global_model.eval()
+        previous_model.eval()
+        mu, t = self.params.mu, self.params.temperature
+
+        def loss_fn(model, x, y):
+            z = model.embed(x)
+            with torch.no_grad():
+                z_glob, z_prev = global_model.embed(x), previous_model.embed(x)
+            positive = F.cosine_similarity(z, z_glob, dim=-1) / t
+            negative = F.cosine_similarity(z, z_prev, dim=-1) / t
+            logits = torch.stack([positive, negative], dim=1)
+            contrastive = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long, device=x.device))
+            return F.cross_entropy(model.classifier(z), y) + mu * contrastive
+
+        return loss_fn
+
+    def after_training(self, model, payload, client, ctx, steps):
+        client.state["previous"] = module_weights(model)
+        return {}

@@ -1,0 +1,76 @@
+"""SCAFFOLD (Karimireddy et al., 2020), option II control variates.
+
+Client i corrects every gradient by (c - c_i); after K local steps with lr eta,
+  c_i+ = c_i - c + (w_global - w_i) / (K eta)            (eq. 4, option II)
+With momentum rho, K is replaced by FedNova's effective step count
+a = [K - rho (1 - rho^K) / (1 - rho)] / (1 - rho), since K momentum steps move
+the weights about a/K times further than K plain ones (otherwise c_i is
+overestimated about 1/(1 - rho) times and training diverges).
+and sends (w_i, c_i+ - c_i). The server averages the models (size-weighted,
+scaled by the global lr) and moves c by |S|/N times the mean control change.
+c_i is per-client state: it stays in the client's actor between rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from raysim.algorithms.fedavg._params import as_tensors, param_names, zeros_like_params
+from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.fednova import normalised_steps
+from raysim.tensors import weighted_average
+
+
+class Scaffold(FedAvg):
+    name = "scaffold"
+    summary = "SCAFFOLD: control variates c, c_i correct client drift (per-client state)"
+
+    @dataclass
+    class Params:
+        global_lr: float = 1.0
+
+    def server_init(self, model, ctx):
+        return {"weights": super().server_init(model, ctx)["weights"], "control": zeros_like_params(model)}
+
+    def broadcast(self, state, round_index, participants):
+        return {"weights": state["weights"], "control": state["control"]}
+
+    def grad_hook(self, payload, client, ctx):
+        model = ctx.model()
+        names = param_names(model)
+        c = as_tensors(payload["control"], names, ctx.device)
+        c_i = as_tensors(client.state.get("control") or zeros_like_params(model), names, ctx.device)
+        correction = {n: c[n] - c_i[n] for n in names}
+
+        def hook(model):
+            for n, p in model.named_parameters():
+                if p.grad is not None:
+                    p.grad.add_(correction[n])
+
+        return hook
+
+    def after_training(self, model, payload, client, ctx, steps):
+        c = payload["control"]
+        c_i = client.state.get("control") or zeros_like_params(model)
+        new_weights = {n: p.detach().cpu().numpy() for n, p in model.named_parameters()}
+        rho = self.config.local.momentum if self.config.local.optimizer == "sgd" else 0.0
+        scale = 1.0 / (max(normalised_steps(steps, rho), 1e-12) * self.config.local.lr)
+        c_new = {n: (c_i[n] - c[n] + (payload["weights"][n] - new_weights[n]) * scale).astype(np.float32) for n in c}
+        client.state["control"] = c_new
+        return {"control_delta": {n: c_new[n] - c_i[n] for n in c}}
+
+    def server_update(self, state, replies, round_index, ctx):
+        averaged = self.aggregate(state, replies, ctx)
+        g = self.params.global_lr
+        weights = {
+            k: (state["weights"][k] + g * (averaged[k] - state["weights"][k])).astype(averaged[k].dtype)
+            if np.issubdtype(averaged[k].dtype, np.floating)
+            else averaged[k]
+            for k in averaged
+        }
+        mean_delta = weighted_average([r.message["control_delta"] for r in replies], [1.0] * len(replies))
+        fraction = len(replies) / self.config.clients.num
+        control = {n: (state["control"][n] + fraction * mean_delta[n]).astype(np.float32) for n in state["control"]}
+        return {"weights": weights, "control": control}

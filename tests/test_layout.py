@@ -1,0 +1,101 @@
+"""The code's layout (issue 46): the engine side never imports the algorithms, no import circle
+among raysim's modules (function-level imports included), every package folder installs, and
+each family names exactly the algorithms it defines."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the installed package, by its import name (algorithms/ is raysim.algorithms)."""
+    found = {}
+    for base, prefix in ((ROOT / "raysim", "raysim"), (ROOT / "algorithms", "raysim.algorithms")):
+        for path in base.rglob("*.py"):
+            parts = list(path.relative_to(base).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The raysim modules `path` imports anywhere in it (inside functions too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def test_the_engine_side_imports_nothing_from_the_algorithms():
+    files = module_files()
+    known = set(files)
+    engine = {n: p for n, p in files.items() if not n.startswith("raysim.algorithms")}
+    offenders = {
+        name: sorted(i for i in imports_of(path, name, known) if i.startswith("raysim.algorithms"))
+        for name, path in engine.items()
+    }
+    assert not {n: i for n, i in offenders.items() if i}, offenders
+
+
+def test_no_import_circle_among_raysims_modules():
+    files = module_files()
+    known = set(files)
+    graph = {name: imports_of(path, name, known) for name, path in files.items()}
+    # a package's __init__ is imported with each of its modules: not an edge of a circle by itself
+    for name in graph:
+        graph[name] = {t for t in graph[name] if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                circles.append(trail[trail.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_every_package_folder_is_installed():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {n for n, p in module_files().items() if p.name == "__init__.py"}
+    assert folders == listed, f"pyproject.toml [tool.setuptools] packages differs: {folders ^ listed}"
+
+
+def test_each_family_names_exactly_the_algorithms_it_defines():
+    from raysim.algorithm import Algorithm
+
+    package = importlib.import_module("raysim.algorithms")
+    seen = []
+    for family in pkgutil.iter_modules(package.__path__):
+        names = importlib.import_module(f"raysim.algorithms.{family.name}").ALGORITHMS
+        defined = {}
+        for module in pkgutil.iter_modules(importlib.import_module(f"raysim.algorithms.{family.name}").__path__):
+            full = importlib.import_module(f"raysim.algorithms.{family.name}.{module.name}")
+            for obj in vars(full).values():
+                if isinstance(obj, type) and issubclass(obj, Algorithm) and obj.__module__ == full.__name__:
+                    if getattr(obj, "name", None):
+                        defined[obj.name] = module.name
+        assert {n: n for n in names} == defined, (family.name, names, defined)
+        seen += names
+    assert len(seen) == len(set(seen)) == 18
