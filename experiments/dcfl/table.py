@@ -28,6 +28,7 @@ ORDER = [
     "dsa_alone",
     "dcfl_mix",
     "dcfl_random_groups",
+    "dcfl_complement_high",
     "dcfl_cka_update",
     "dcfl_cka_latest",
 ]
@@ -40,6 +41,7 @@ LABELS = {
     "dsa_alone": "FedAvg + DSA",
     "dcfl_mix": "DCFL, mix instead of fine-tune",
     "dcfl_random_groups": "DCFL, random groups",
+    "dcfl_complement_high": "DCFL, most similar group (follow-up)",
     "dcfl_cka_update": "DCFL, cka_on: update",
     "dcfl_cka_latest": "DCFL, cka_on: latest",
 }
