@@ -22,20 +22,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from raysim.config_loading import load_config
+    from raysim.outputs.run_dir import RunDir
     from raysim.outputs.run_lock import lock_run_dir
-    from raysim.runner import completed_rounds, discard_unstarted_run, new_run_dir, resume_config, run_with_progress
+    from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
     if args.resume:
         if args.config and "=" not in args.config:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
         overrides = ([args.config] if args.config else []) + args.overrides
-        run_dir = Path(args.resume)
+        run_dir = RunDir(args.resume)
         config = (
             resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
         )
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
-        done = completed_rounds(run_dir)  # an unreadable checkpoint is refused here, before Ray starts
+        done = run_dir.completed_rounds()  # an unreadable checkpoint is refused here, before Ray starts
         if done >= config.rounds:
             print(
                 f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
@@ -46,9 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
-        from raysim.shipped_configs import resolve
-
-        config = load_config(resolve(args.config), args.overrides)
+        config = _new_config(args.config, args.overrides)
         from raysim.runner import prepare
 
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
@@ -89,7 +87,26 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _resume_config_without_code(run_dir: Path, overrides: list[str]):
+def _new_config(name: str, overrides: list[str]):
+    """A config file, a shipped config's name, or a table's cell: TABLE:CELL:METHOD[:SCALE] (the
+    run `raysim reproduce` makes for that cell and method, seed 0, data under RAYSIM_DATA)."""
+    from raysim.config_loading import load_config
+    from raysim.shipped_configs import resolve
+
+    parts = name.split(":")
+    if len(parts) in (3, 4) and not Path(name).exists():
+        from raysim.reproduce import load_table, selection
+
+        table = load_table(parts[0])
+        cell = selection(table, parts[1], table.cells, "cell")[0]
+        method = selection(table, parts[2], table.methods, "method")[0]
+        scale = parts[3] if len(parts) == 4 else "cpu"
+        tree = table.config_tree(cell, method, scale, 0, os.environ.get("RAYSIM_DATA"))
+        return load_config(None, overrides, base=tree)
+    return load_config(resolve(name), overrides)
+
+
+def _resume_config_without_code(run_dir, overrides: list[str]):
     """The config of a run directory that may come from someone else, refused (one line) where
     resuming it could run code the user has not vouched for with --allow-code: user code it names
     (algorithm, model factories, clients' models), or a working directory inside the run directory
@@ -99,7 +116,7 @@ def _resume_config_without_code(run_dir: Path, overrides: list[str]):
     from raysim.runner import resume_config
 
     why = (
-        f"named by '{run_dir / 'config.yaml'}': a resumed run imports no code unless you vouch for its "
+        f"named by '{run_dir.config_file}': a resumed run imports no code unless you vouch for its "
         "directory: add --allow-code if you wrote or trust this run"
     )
     with user_code_refused(why):  # the algorithm class is imported while the config is read
@@ -109,7 +126,7 @@ def _resume_config_without_code(run_dir: Path, overrides: list[str]):
     ]:
         if ":" in name:
             raise RaysimError(f"{key}='{name}' is user code, {why}")
-    here, inside = Path.cwd().resolve(), run_dir.resolve()
+    here, inside = Path.cwd().resolve(), run_dir.path.resolve()
     if here == inside or inside in here.parents:
         raise RaysimError(
             f"resume '{run_dir}' from outside it (e.g. cd {inside.parent} && raysim run --resume {inside.name}): "
@@ -236,6 +253,69 @@ def _cmd_configs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from raysim.reproduce import reproduce
+
+    if args.list:
+        return _list_tables()
+    if not args.table:
+        raise RaysimError("no table given: raysim reproduce TABLE --out DIR (list them with 'raysim reproduce --list')")
+    if not args.out:
+        raise RaysimError("raysim reproduce needs --out DIR: the table's runs, table.md and table.csv go there")
+    if args.parallel is not None and args.parallel < 1:
+        raise RaysimError(f"--parallel {args.parallel}: give 1 or more runs side by side (or leave it out: auto)")
+    try:
+        written, failures = reproduce(
+            args.table,
+            args.out,
+            scale=args.scale,
+            seeds=args.seeds,
+            cells=args.cells,
+            methods=args.methods,
+            data_root=args.data_root,
+            address=args.address,
+            parallel=args.parallel,
+        )
+    except KeyboardInterrupt:
+        print("interrupted: finished runs are kept; the same command continues the table", file=sys.stderr)
+        return 130
+    print((Path(args.out) / "table.md").read_text())
+    print("wrote " + ", ".join(str(p) for p in written))
+    for run, error in failures:
+        print(f"raysim: error: {run.name}: {error}", file=sys.stderr)
+    return 1 if failures else 0
+
+
+def _list_tables() -> int:
+    from raysim.reproduce import list_tables
+    from raysim.reproduce.estimate import REFERENCE_SECONDS, calibrate, table_minutes
+
+    speed = calibrate() / REFERENCE_SECONDS
+    for table in list_tables():
+        print(f"{table.name}: {table.title}")
+        print(f"  cells:   {', '.join(table.cells)}")
+        print(f"  methods: {', '.join(table.methods)}")
+        for scale in ("cpu", "paper"):
+            cells = [c for c in table.cells.values() if scale in c.configs]
+            if not cells:
+                continue
+            minutes, missing = table_minutes(table, scale, table.seeds, speed)
+            where = "this machine" if scale == "cpu" else "the GPU it was measured on"
+            guess = "no time recorded" if minutes is None else f"about {_duration(minutes)} on {where}"
+            gaps = f" ({missing} cell x method without a recorded time)" if missing and minutes is not None else ""
+            print(
+                f"  {scale:5s}    {len(cells)} cells x {len(table.methods)} methods x {table.seeds} seeds: "
+                f"{guess}{gaps}"
+            )
+    return 0
+
+
+def _duration(minutes: float) -> str:
+    if minutes < 1:
+        return "under a minute"
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from raysim import bench
 
@@ -295,6 +375,23 @@ def build_parser() -> argparse.ArgumentParser:
         "restoring runs what it holds); only for a sweep you made",
     )
     tune.set_defaults(func=_cmd_tune)
+
+    repro = sub.add_parser("reproduce", help="run a paper's table and lay it beside the paper's figures")
+    repro.add_argument("table", nargs="?", help="a shipped table (raysim reproduce --list) or a table file")
+    repro.add_argument(
+        "--list", action="store_true", help="list the tables, their cells and methods, and time estimates"
+    )
+    repro.add_argument("--out", help="the table's folder: CELL/METHOD/sSEED run directories, table.md, table.csv")
+    repro.add_argument("--scale", default="cpu", choices=["cpu", "paper"], help="2-core configs or the paper's")
+    repro.add_argument("--seeds", help="how many seeds (3), or which (0,1,2 or 0-2); default: the table's")
+    repro.add_argument("--cells", help="comma-separated cells (default: all at this scale)")
+    repro.add_argument("--methods", help="comma-separated methods (default: all)")
+    repro.add_argument(
+        "--data-root", help="folder holding the datasets' folders (mnist/, cifar10/...); default RAYSIM_DATA"
+    )
+    repro.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    repro.add_argument("--parallel", type=int, help="runs side by side (default: as many as the cluster holds)")
+    repro.set_defaults(func=_cmd_reproduce)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")
     from raysim.bench import BENCHES

@@ -7,32 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from raysim.errors import RaysimError
+from raysim.outputs.run_dir import RunDir
 from raysim.tables import text_table
-
-
-def read_run(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
-    if not summary_path.is_file() or not config_path.is_file():
-        raise RaysimError(f"'{run_dir}' is not a finished or running raysim run (no summary.json/config.yaml)")
-    way_out = "pass the folder of a run raysim wrote (or leave this one out)"
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RaysimError(f"{summary_path} is not valid JSON ({exc}): {way_out}") from None
-    try:
-        config = yaml.safe_load(config_path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        problem = str(exc).strip().splitlines()[0]
-        raise RaysimError(f"{config_path} is not a plain YAML config ({problem}): {way_out}") from None
-    for path, value in ((summary_path, summary), (config_path, config)):
-        if not isinstance(value, dict):
-            raise RaysimError(f"{path} holds a {type(value).__name__}, not the mapping raysim writes: {way_out}")
-    if not isinstance(config.get("algorithm"), dict) or not isinstance(config.get("dataset"), dict):
-        raise RaysimError(f"{config_path} lacks the algorithm and dataset sections raysim writes: {way_out}")
-    return summary, config
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +87,7 @@ def rounds_to(summaries: list[dict[str, Any]], target: str) -> str:
 
 
 def read_runs(run_dirs: list[str]) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
-    return [(Path(d), *read_run(Path(d))) for d in run_dirs]
+    return [(Path(d), *RunDir(d).read_summary_and_config()) for d in run_dirs]
 
 
 def group_runs(
@@ -235,18 +213,7 @@ def check_plot_path(path: str | Path) -> Path:
 def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """A run's server curves from metrics.parquet: {"accuracy" | "loss": (evaluated rounds, values),
     "mb_moved": (rounds, cumulative bytes up + down in MB)}."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    path = run_dir / "metrics.parquet"
-    if not path.is_file():
-        raise RaysimError(f"'{run_dir}' has no metrics.parquet: --plot needs each run's per-round metrics")
-    try:
-        table = pq.read_table(path, columns=["round", "client", "metric", "value"])
-    except (pa.ArrowException, OSError) as exc:
-        raise RaysimError(f"cannot read '{path}': {exc}") from None
-    rows = table.filter(pc.is_null(table["client"])).select(["round", "metric", "value"]).to_pylist()
+    rows = [r for r in RunDir(run_dir).read_metrics_rows(["round", "client", "metric", "value"]) if r["client"] is None]
 
     def series(*metrics: str) -> tuple[np.ndarray, np.ndarray]:
         by_round: dict[int, float] = {}

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,13 +19,14 @@ from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
 from raysim.errors import RaysimError
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
-from raysim.outputs.files import write_text
-from raysim.outputs.run_lock import LOCK_FILE, lock_run_dir, owning, unlock_run_dir
+from raysim.outputs.run_dir import RunDir
+from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
 from raysim.partition import class_counts, partition
 from raysim.registry import algorithm_class
 from raysim.seeding import PARTITION, VALIDATION, numpy_rng
 
-CONFIG_FILE = "config.yaml"
+if TYPE_CHECKING:
+    from raysim.engine.server import ServerInputs
 
 
 @dataclass
@@ -130,25 +131,27 @@ def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:
     return owner
 
 
-def new_run_dir(config: Config, out: str | None) -> Path:
+def new_run_dir(config: Config, out: str | None) -> RunDir:
+    """The run's folder, created and locked: --out, or a new one under output.dir named after the run."""
     if out:
-        run_dir = Path(out)
+        path = Path(out)
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
-    for parent in [run_dir, *run_dir.parents]:
+        path = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
+    run_dir = RunDir(path)
+    for parent in [path, *path.parents]:
         if parent.exists() and not parent.is_dir():
             raise RaysimError(
                 f"--out '{run_dir}': '{parent}' is a file, not a folder: give a new or existing folder for the run"
             )
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RaysimError(
             f"cannot create the run directory '{run_dir}' ({exc.strerror}): choose another --out"
         ) from None
     lock_run_dir(run_dir)  # held until this process ends: a second run with the same --out is refused
-    if (run_dir / CONFIG_FILE).exists():
+    if run_dir.config_file.exists():
         unlock_run_dir(run_dir)
         raise RaysimError(
             f"'{run_dir}' already holds a run: continue it with 'raysim run --resume {run_dir}' or choose another --out"
@@ -156,23 +159,21 @@ def new_run_dir(config: Config, out: str | None) -> Path:
     return run_dir
 
 
-def discard_unstarted_run(run_dir: Path) -> None:
+def discard_unstarted_run(run_dir: RunDir) -> None:
     """Remove the run directory this process created when nothing ran in it (it holds no more than
     its config and lock), so that the same --out works again."""
-    unstarted = {CONFIG_FILE, LOCK_FILE}
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= unstarted:
-        for name in unstarted:
-            (run_dir / name).unlink(missing_ok=True)
+    if run_dir.is_unstarted():
         unlock_run_dir(run_dir)
-        run_dir.rmdir()
+        run_dir.remove_unstarted()
 
 
-def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
+def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Config:
     """The run's own config; only `rounds` (to extend a run) and `resources.*` may change."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CONFIG_FILE).is_file():
+    run_dir = RunDir(run_dir)
+    if not run_dir.holds_run():
         raise RaysimError(
-            f"'{run_dir}' is not a run directory (no {CONFIG_FILE}): pass the folder a previous 'raysim run' wrote"
+            f"'{run_dir}' is not a run directory (no {run_dir.config_file.name}): "
+            "pass the folder a previous 'raysim run' wrote"
         )
     for text in overrides:
         key = text.split("=", 1)[0]
@@ -180,16 +181,7 @@ def resume_config(run_dir: str | Path, overrides: list[str] = ()) -> Config:
             raise RaysimError(
                 f"'{key}' cannot change on --resume (only rounds and resources.* can): start a new run instead"
             )
-    return load_config(run_dir / CONFIG_FILE, overrides)
-
-
-def completed_rounds(run_dir: Path) -> int:
-    """Rounds the run's checkpoint holds, read (and so checked: safe to load, not damaged) on the
-    driver before Ray starts."""
-    from raysim.outputs.state_files import read_checkpoint
-
-    checkpoint = read_checkpoint(run_dir)
-    return 0 if checkpoint is None else int(checkpoint["round"])
+    return load_config(run_dir.config_file, overrides)
 
 
 def client_placement():
@@ -205,7 +197,7 @@ def client_placement():
 
 def run_experiment(
     config: Config,
-    run_dir: Path,
+    run_dir: Path | RunDir,
     address: str | None = None,
     callbacks: list[Callback] = (),
     experiment: Experiment | None = None,
@@ -222,6 +214,7 @@ def run_experiment(
 
     exp = experiment or prepare(config)
     res = config.resources
+    run_dir = RunDir(run_dir)
     with owning(run_dir), ray_session(res, address):
         check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
         if res.in_process:
@@ -229,10 +222,10 @@ def run_experiment(
         else:
             server, actors, refs = _start_actors(config, exp, run_dir)
         try:  # `refs` keeps the shared arrays, and the depot that hands them out, alive for the run
-            write_actors_file(run_dir, ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
+            run_dir.write_actors(ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
             start = RunStart(ray.get(server.completed_rounds.remote()), config.rounds, actors)
             # Only now: a resume whose checkpoint cannot be read leaves the run's config as it was.
-            write_text(run_dir / CONFIG_FILE, dump_config(config))
+            run_dir.write_config(dump_config(config))
             for callback in callbacks:
                 callback.on_run_start(start)
             for round_index in range(start.completed_rounds + 1, config.rounds + 1):
@@ -249,37 +242,36 @@ def run_experiment(
                     ray.kill(handle, no_restart=True)
 
 
-def check_resumable(run_dir: Path) -> None:
+def check_resumable(run_dir: RunDir) -> None:
     """A run directory with a checkpoint continues only if its metrics.parquet holds every finished
     round (the summary is computed from it): otherwise one error naming the file."""
     from raysim.outputs.metrics import MetricsTable
-    from raysim.outputs.state_files import read_checkpoint
 
-    checkpoint = read_checkpoint(run_dir)
+    checkpoint = run_dir.read_checkpoint()
     if checkpoint is not None:
-        MetricsTable(run_dir / "metrics.parquet", resume_through_round=checkpoint["round"])
+        MetricsTable(run_dir.metrics_file, resume_through_round=checkpoint["round"])
 
 
-def write_actors_file(run_dir: Path, actor_info: list[dict[str, Any]], per_client_models: bool) -> None:
-    """actors.yaml: where each actor runs and which clients it hosts (with clients.models, their models)."""
-    import yaml
+def server_inputs(exp: Experiment) -> ServerInputs:
+    """The part of the experiment the server needs (the training data stays with the clients)."""
+    from raysim.engine.server import ServerInputs
 
-    entries = []
-    for i, info in enumerate(actor_info):
-        entry = {
-            "actor": i,
-            "node_id": info["node_id"],
-            "device": info["device"],
-            "gpu_ids": info["gpu_ids"],
-            "clients": info["clients"],
-        }
-        if per_client_models:
-            entry["models"] = info["models"]
-        entries.append(entry)
-    write_text(run_dir / "actors.yaml", yaml.safe_dump(entries, sort_keys=False, default_flow_style=None))
+    data = exp.dataset
+    return ServerInputs(
+        exp.spec,
+        data.test_x,
+        data.test_y,
+        exp.mean,
+        exp.std,
+        partition_counts=exp.counts,
+        class_names=data.classes,
+        test_domain=data.test_domain,
+        domains=data.domains,
+        data_digest=exp.data_digest,
+    )
 
 
-def _start_actors(config: Config, exp: Experiment, run_dir: Path):
+def _start_actors(config: Config, exp: Experiment, run_dir: RunDir):
     """The client actors (each holding a fixed shard of clients) and the server actor."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -304,7 +296,7 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     depot_name = f"raysim-shards-{uuid.uuid4().hex}"
     depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote(shards)
-    state_dir = str(run_dir / "client_state")
+    state_dir = str(run_dir.client_state_dir)
     placement = client_placement()
     actors = [
         ClientActor.options(
@@ -317,25 +309,12 @@ def _start_actors(config: Config, exp: Experiment, run_dir: Path):
         for a in range(num_actors)
     ]
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
-        config,
-        exp.spec,
-        ray.put(exp.dataset.test_x),
-        exp.dataset.test_y,
-        exp.mean,
-        exp.std,
-        str(run_dir),
-        actors,
-        owner,
-        exp.counts,
-        exp.dataset.classes,
-        test_domain=exp.dataset.test_domain,
-        domains=exp.dataset.domains,
-        data_digest=exp.data_digest,
+        config, server_inputs(exp), run_dir, actors, owner
     )
     return server, actors, [depot, shards]
 
 
-def _in_process(config: Config, exp: Experiment, run_dir: Path):
+def _in_process(config: Config, exp: Experiment, run_dir: RunDir):
     """resources.in_process: one client runtime holding every client, and the server, in this process."""
     from raysim.engine.client_actor import ClientRuntime
     from raysim.engine.in_process import InProcess
@@ -350,28 +329,11 @@ def _in_process(config: Config, exp: Experiment, run_dir: Path):
         dict(enumerate(exp.parts)),
         exp.mean,
         exp.std,
-        str(run_dir / "client_state"),
+        str(run_dir.client_state_dir),
         res.gpus_per_actor,
     )
     actors = [InProcess(clients)]
-    server = InProcess(
-        ServerRuntime(
-            config,
-            exp.spec,
-            exp.dataset.test_x,
-            exp.dataset.test_y,
-            exp.mean,
-            exp.std,
-            str(run_dir),
-            actors,
-            {k: 0 for k in clients.data},
-            exp.counts,
-            exp.dataset.classes,
-            test_domain=exp.dataset.test_domain,
-            domains=exp.dataset.domains,
-            data_digest=exp.data_digest,
-        )
-    )
+    server = InProcess(ServerRuntime(config, server_inputs(exp), run_dir, actors, {k: 0 for k in clients.data}))
     return server, actors, []
 
 
@@ -390,7 +352,7 @@ def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
 
 
 def run_with_progress(
-    config: Config, run_dir: Path, address: str | None = None, experiment: Experiment | None = None
+    config: Config, run_dir: Path | RunDir, address: str | None = None, experiment: Experiment | None = None
 ) -> dict[str, Any]:
     """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
     exp = experiment or prepare(config)

@@ -17,7 +17,6 @@ Layout of the sweep directory DIR:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -29,6 +28,7 @@ from raysim.config import ResourcesConfig, dump_config
 from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.files import write_text
+from raysim.outputs.run_dir import RunDir
 from raysim.sweep import Sweep, load_sweep
 from raysim.tables import text_table
 from raysim.tune_state import KeepSigned, verify
@@ -73,20 +73,18 @@ def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
         config.resources.server_threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
     from ray import tune
 
-    run_dir = sweep_dir / RUNS_DIR / tune.get_context().get_trial_id()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    run_experiment(config, run_dir, callbacks=[TuneReport(run_dir / "summary.json")])
+    run_dir = RunDir(sweep_dir / RUNS_DIR / tune.get_context().get_trial_id())
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    run_experiment(config, run_dir, callbacks=[TuneReport(run_dir)])
 
 
 class TuneReport(Callback):
     """Each round's accuracy (the latest evaluation's), and the best so far, to Tune."""
 
-    def __init__(self, summary_file: Path):
-        self.best, self.last = -math.inf, None
-        if summary_file.exists():  # resumed: earlier rounds count towards the best
-            earlier = json.loads(summary_file.read_text())
-            self.best = earlier.get("best_accuracy") or -math.inf
-            self.last = earlier.get("final_accuracy")
+    def __init__(self, run_dir: RunDir):
+        earlier = run_dir.read_summary()  # resumed: earlier rounds count towards the best
+        self.best = earlier.get("best_accuracy") or -math.inf
+        self.last = earlier.get("final_accuracy")
 
     def on_round_end(self, result: RoundResult) -> None:
         from ray import tune
@@ -196,8 +194,8 @@ def trials_table(sweep: Sweep, sweep_dir: Path, results) -> list[dict[str, Any]]
         if trial_id is None:  # failed before its first report: find its run directory by name
             names = Path(result.path).name if result.path else ""
             trial_id = next((d.name for d in (sweep_dir / RUNS_DIR).glob("*") if d.name in names), "")
-        run_dir = sweep_dir / RUNS_DIR / trial_id
-        summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+        run_dir = RunDir(sweep_dir / RUNS_DIR / trial_id)
+        summary = run_dir.read_summary()
         rows.append(
             {
                 "trial_id": trial_id,

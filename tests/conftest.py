@@ -43,6 +43,7 @@ SLOW_FILES = {
     "test_received_dirs.py",
     "test_real_data.py",
     "test_resume_refusals.py",
+    "test_reproduce.py",
 }
 
 
@@ -134,7 +135,7 @@ def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: i
     import sys
     import time
 
-    from raysim.outputs.state_files import read_checkpoint
+    from raysim.outputs.run_dir import RunDir
 
     root = Path(__file__).resolve().parents[1]
     cmd = [
@@ -153,10 +154,10 @@ def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: i
     checkpoint = run_dir / "checkpoints/last.pt"
     deadline = time.time() + 240
     while time.time() < deadline:
-        if checkpoint.exists() and read_checkpoint(run_dir)["round"] >= after_round:
+        if checkpoint.exists() and RunDir(run_dir).read_checkpoint()["round"] >= after_round:
             break
         assert proc.poll() is None, "the run ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    return read_checkpoint(run_dir)["round"]
+    return RunDir(run_dir).read_checkpoint()["round"]

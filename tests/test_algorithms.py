@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from raysim.outputs.state_files import load_state, read_checkpoint
+from raysim.outputs.run_dir import RunDir
+from raysim.outputs.state_files import load_state
 from raysim.registry import builtin_names
 from tests.test_dynafed import TINY as DYNAFED
 from tests.test_fedaf import TINY_CONDENSATION
@@ -84,7 +85,7 @@ def test_scaffold_control_variates_persist_across_rounds(run_tiny):
     assert any(np.abs(v).sum() > 0 for v in c2.values())
     # c_i+ = c_i - c + (x - y_i)/(K lr): round 3 starts from round 2's c_i, so they differ but stay close in scale
     assert not all(np.array_equal(c2[k], c3[k]) for k in c2)
-    final = read_checkpoint(run_dir)["state"]
+    final = RunDir(run_dir).read_checkpoint()["state"]
     assert any(np.abs(v).sum() > 0 for v in final["control"].values())
 
 
@@ -94,7 +95,7 @@ def test_feddyn_gradient_state_persists(run_tiny):
     g1 = client_state(run_dir, 0, 1)["grad"]
     assert any(np.abs(v).sum() > 0 for v in g1.values())
     assert not all(np.array_equal(g1[k], g2[k]) for k in g1)
-    final = read_checkpoint(run_dir)["state"]
+    final = RunDir(run_dir).read_checkpoint()["state"]
     assert any(np.abs(v).sum() > 0 for v in final["h"].values())
 
 

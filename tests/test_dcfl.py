@@ -296,7 +296,7 @@ def test_dcfl_logs_cka_label_spearman_and_selection_spread_as_described(dcfl_run
     pairs whose label overlaps differ), cka_label_spearman; the last round's values, recomputed from the
     final checkpoint's M and the partition's label counts, are the ones in metrics and summary.json;
     the default CKA ranks client pairs by label overlap (rho well above 0)."""
-    from raysim.outputs.state_files import read_checkpoint
+    from raysim.outputs.run_dir import RunDir
     from raysim.runner import prepare
 
     summary, run_dir = dcfl_run
@@ -305,7 +305,7 @@ def test_dcfl_logs_cka_label_spearman_and_selection_spread_as_described(dcfl_run
     for metric, first in (("selection_spread", 1), ("cka_label_spearman", 2)):
         assert [r for r in range(1, last + 1) if (r, metric) in values] == list(range(first, last + 1))
         assert summary[metric] == pytest.approx(values[(last, metric)])
-    state = read_checkpoint(run_dir)["state"]
+    state = RunDir(run_dir).read_checkpoint()["state"]
     counts = prepare(load_config(run_dir / "config.yaml")).counts
     rho = cka_label_spearman(state["cka"], counts, state["seen"])
     assert values[(last, "cka_label_spearman")] == pytest.approx(rho)

@@ -168,7 +168,7 @@ def test_a_dynafed_run_records_diagnostics_and_is_the_same_in_process_or_on_two_
 def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
     """synthesis_seed separates the spread the synthesis adds from the federation's: the same rounds up
     to L, another D_syn; the run's own seed is the default."""
-    from raysim.outputs.state_files import read_checkpoint
+    from raysim.outputs.run_dir import RunDir
     from tests.test_algorithms import final_weights, server_values
 
     base, base_dir = run_tiny(**TINY)
@@ -176,7 +176,7 @@ def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
     other, other_dir = run_tiny(**TINY, **{"algorithm.synthesis_seed": 7})
 
     def d_syn(run_dir):
-        return read_checkpoint(run_dir)["state"]["syn_x"]
+        return RunDir(run_dir).read_checkpoint()["state"]["syn_x"]
 
     assert np.array_equal(d_syn(same_dir), d_syn(base_dir)) and same["final_accuracy"] == base["final_accuracy"]
     assert not np.allclose(d_syn(other_dir), d_syn(base_dir))

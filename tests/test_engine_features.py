@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from raysim.outputs.metrics import is_timing
-from raysim.outputs.state_files import read_checkpoint
+from raysim.outputs.run_dir import RunDir
 from tests.conftest import run_and_kill_after_round, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_on
     assert summary["client_models"] == {lenet: [0, 3], cnn2: [1, 4], resnet: [2, 5]}
 
     # each upload carries that client's own architecture and weights
-    clients = read_checkpoint(two)["state"]["clients"]
+    clients = RunDir(two).read_checkpoint()["state"]["clients"]
     assert {k: m["arch"] for k, m in clients.items()} == models
     assert clients[0]["weights"].keys() != clients[1]["weights"].keys() != clients[2]["weights"].keys()
     assert clients[2]["weights"]["features.0.weight"].shape == (8, 1, 3, 3)  # 64 x 0.125 stem channels

@@ -94,7 +94,7 @@ def test_a_sigkilled_driver_leaves_no_ray_processes_behind(tmp_path):
 
     import psutil
 
-    from raysim.outputs.state_files import read_checkpoint
+    from raysim.outputs.run_dir import RunDir
 
     run_dir = tmp_path / "killed"
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(ROOT / "configs/quickstart.yaml")]
@@ -109,7 +109,7 @@ def test_a_sigkilled_driver_leaves_no_ray_processes_behind(tmp_path):
     ray_processes = []
     try:
         deadline = time.time() + 240
-        while not (run_dir / "checkpoints/last.pt").exists() or read_checkpoint(run_dir)["round"] < 1:
+        while not (run_dir / "checkpoints/last.pt").exists() or RunDir(run_dir).read_checkpoint()["round"] < 1:
             assert proc.poll() is None and time.time() < deadline, proc.stderr.read().decode()[-2000:]
             time.sleep(0.1)
         ray_processes = psutil.Process(proc.pid).children(recursive=True)

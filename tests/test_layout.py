@@ -99,3 +99,27 @@ def test_each_family_names_exactly_the_algorithms_it_defines():
         assert {n: n for n in names} == defined, (family.name, names, defined)
         seen += names
     assert len(seen) == len(set(seen)) == 18
+
+
+def test_only_the_run_dir_module_names_the_run_directorys_files():
+    """The run directory has one owner (raysim.outputs.run_dir): no other module spells its file names."""
+    names = {"config.yaml", "metrics.parquet", "summary.json", "actors.yaml", "client_state"}
+    offenders = {}
+    for name, path in module_files().items():
+        if name == "raysim.outputs.run_dir":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if node.value in names or (node.value.startswith("checkpoints/") and " " not in node.value):
+                    offenders.setdefault(name, []).append(node.value)
+    assert not offenders, offenders
+
+
+def test_the_server_is_built_from_a_handful_of_objects():
+    import inspect
+
+    from raysim.engine.server import ServerActor, ServerRuntime
+
+    for cls in (ServerRuntime, ServerActor.__ray_metadata__.modified_class):
+        parameters = [p for p in inspect.signature(cls.__init__).parameters if not p.startswith("_")]
+        assert len(parameters) - 1 <= 5, (cls, parameters)

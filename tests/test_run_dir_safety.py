@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from raysim.cli import main
-from raysim.outputs.state_files import read_checkpoint
+from raysim.outputs.run_dir import RunDir
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_a_damaged_checkpoint_names_the_file_and_the_way_back(run_tiny, tmp_path
     _, finished = run_tiny()
     run_dir = copy_of(finished, tmp_path)
     last, previous = run_dir / "checkpoints/last.pt", run_dir / "checkpoints/previous.pt"
-    assert read_checkpoint(run_dir)["round"] == 2 and torch.load(previous, weights_only=True)["round"] == 1
+    assert RunDir(run_dir).read_checkpoint()["round"] == 2 and torch.load(previous, weights_only=True)["round"] == 1
     last.write_bytes(last.read_bytes()[:200])  # truncated, as by a crash of the disk, not of raysim
 
     assert main(["run", "--resume", str(run_dir), "rounds=3"]) == 2
@@ -223,7 +223,7 @@ def test_a_damaged_checkpoint_names_the_file_and_the_way_back(run_tiny, tmp_path
     os.replace(previous, last)  # the way back the message gives
     assert main(["run", "--resume", str(run_dir), "rounds=3"]) == 0
     assert rounds_in_metrics(run_dir) == [1, 2, 3]
-    assert read_checkpoint(run_dir)["round"] == 3
+    assert RunDir(run_dir).read_checkpoint()["round"] == 3
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,7 @@ def test_a_full_disk_keeps_the_finished_rounds_and_says_what_to_do(ray_session, 
     lines = [line for line in error_lines(capsys) if line.startswith("raysim: error:")]
     assert len(lines) == 1 and "no space left on device" in lines[0], lines
     assert f"raysim run --resume {run_dir}" in lines[0] and "\x1b[" not in lines[0]
-    assert rounds_in_metrics(run_dir) == [1] and read_checkpoint(run_dir)["round"] == 1
+    assert rounds_in_metrics(run_dir) == [1] and RunDir(run_dir).read_checkpoint()["round"] == 1
 
     filler.unlink()
     assert main(["run", "--resume", str(run_dir), "rounds=2"]) == 0

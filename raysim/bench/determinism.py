@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from raysim.errors import RaysimError
+from raysim.outputs.run_dir import RunDir
 
 DEFAULTS = {
     "algorithms": "fedavg,feddm,fedaf,dcfl,dynafed,dense,fedhydra",
@@ -121,21 +122,17 @@ def _config(name: str, actors: int, gpus: float, deterministic: bool):
 
 
 def _values(run_dir: Path) -> dict[tuple, float]:
-    import pyarrow.parquet as pq
-
     from raysim.outputs.metrics import is_timing
 
     return {
         (r["round"], r["client"], r["metric"]): r["value"]
-        for r in pq.read_table(run_dir / "metrics.parquet").to_pylist()
+        for r in RunDir(run_dir).read_metrics_rows()
         if not is_timing(r["metric"])
     }
 
 
 def _actor_devices(run_dir: Path) -> str:
-    import yaml
-
-    actors = yaml.safe_load((run_dir / "actors.yaml").read_text())
+    actors = RunDir(run_dir).read_actors()
     return ", ".join(sorted({str(a["device"]) for a in actors}))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +35,7 @@ from raysim.outputs.callbacks import (
     SummaryFile,
     TensorBoardFile,
 )
-from raysim.outputs.state_files import read_checkpoint
+from raysim.outputs.run_dir import RunDir
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
 from raysim.tensors import load_weights
@@ -52,55 +52,64 @@ def rounds_to_accuracy(accuracy: list[tuple[int, float]], targets: list[float]) 
     return {str(float(t)): next((r for r, a in accuracy if a >= t), None) for t in targets}
 
 
+@dataclass
+class ServerInputs:
+    """What the server knows of the experiment: the model's shape, the split it evaluates on, the
+    normalisation, and (for the algorithms and the outputs) the clients' label counts and a digest
+    of their data. The clients' training data stays with the client actors."""
+
+    spec: ModelSpec
+    test_x: np.ndarray
+    test_y: np.ndarray
+    mean: np.ndarray
+    std: np.ndarray
+    partition_counts: np.ndarray | None = None  # (clients, classes)
+    class_names: list[str] | None = None
+    test_domain: np.ndarray | None = None  # domain-skew data: each test image's domain
+    domains: list[str] | None = None
+    data_digest: str | None = None
+
+
 class ServerRuntime:
+    """The global state and the round loop. `actors` host the clients; `client_actor` maps each
+    client to the index of its actor."""
+
     def __init__(
-        self,
-        config: Config,
-        spec: ModelSpec,
-        test_x: np.ndarray,
-        test_y: np.ndarray,
-        mean: np.ndarray,
-        std: np.ndarray,
-        run_dir: str,
-        actors: list,
-        client_actor: dict[int, int],
-        partition_counts: np.ndarray | None = None,
-        class_names: list[str] | None = None,
-        test_domain: np.ndarray | None = None,
-        domains: list[str] | None = None,
-        data_digest: str | None = None,
+        self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict[int, int]
     ):
         self.config = config
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_dir
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         self.threads = configure_torch(threads, self.device, config.resources.deterministic, config.resources.tf32)
+        spec = inputs.spec
         self.ctx = Context(
             config,
             spec,
             self.device,
             config.model,
-            mean,
-            std,
+            inputs.mean,
+            inputs.std,
             log=ServerLog(),
-            data_digest=data_digest,
-            label_counts=partition_counts,
+            data_digest=inputs.data_digest,
+            label_counts=inputs.partition_counts,
         )
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
         self.incarnations: dict[int, str] = {}  # actor index -> the process its last result came from
-        self.test_x = to_model_input(test_x, mean, std, self.device)
-        self.test_y = torch.from_numpy(np.asarray(test_y, dtype=np.int64)).to(self.device)
+        self.test_x = to_model_input(inputs.test_x, inputs.mean, inputs.std, self.device)
+        self.test_y = torch.from_numpy(np.asarray(inputs.test_y, dtype=np.int64)).to(self.device)
         self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
         # Domain-skew data (DomainNet): the papers report the mean of the per-domain test accuracies.
-        self.domains = list(domains) if domains is not None and test_domain is not None else []
+        has_domains = inputs.domains is not None and inputs.test_domain is not None
+        self.domains = list(inputs.domains) if has_domains else []
         self.test_domain = (
-            torch.from_numpy(np.asarray(test_domain, dtype=np.int64)).to(self.device) if self.domains else None
+            torch.from_numpy(np.asarray(inputs.test_domain, dtype=np.int64)).to(self.device) if self.domains else None
         )
 
-        checkpoint = read_checkpoint(self.run_dir)
+        checkpoint = run_dir.read_checkpoint()
         if checkpoint is not None:
             self.state, self.completed = checkpoint["state"], checkpoint["round"]
             self.previous_wall = checkpoint["wall_time_s"]
@@ -109,13 +118,13 @@ class ServerRuntime:
             self.state = self.algorithm.server_init(spec.initial_model(), self.ctx)
             self.completed, self.previous_wall = 0, 0.0
         self.started = time.perf_counter()
-        self.callbacks = self._output_callbacks(partition_counts, class_names)
+        self.callbacks = self._output_callbacks(inputs.partition_counts, inputs.class_names)
         for callback in self.callbacks:
             callback.on_run_start(RunStart(self.completed, config.rounds))
 
     def _output_callbacks(self, partition_counts, class_names) -> list[Callback]:
         config = self.config
-        metrics = MetricsFile(self.run_dir / "metrics.parquet", self.completed)
+        metrics = MetricsFile(self.run_dir.metrics_file, self.completed)
         self.metrics = metrics.table  # the run's history, read by summary()
         callbacks: list[Callback] = [metrics]
         if config.output.tensorboard:
@@ -127,7 +136,7 @@ class ServerRuntime:
 
             callbacks.append(
                 TensorBoardFile(
-                    self.run_dir / "tensorboard",
+                    self.run_dir.tensorboard_dir,
                     self.completed,
                     partition_figure if partition_counts is not None else None,
                 )
@@ -141,7 +150,7 @@ class ServerRuntime:
                 lambda: self.algorithm.global_weights(self.state),
             )
         )
-        callbacks.append(SummaryFile(self.run_dir / "summary.json", self.summary))
+        callbacks.append(SummaryFile(self.run_dir, self.summary))
         return callbacks
 
     # ------------------------------------------------------------------ round
@@ -365,8 +374,8 @@ class ServerRuntime:
 
 @ray.remote
 class ServerActor:
-    def __init__(self, *args, **kwargs):
-        self.runtime = ServerRuntime(*args, **kwargs)
+    def __init__(self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict):
+        self.runtime = ServerRuntime(config, inputs, run_dir, actors, client_actor)
 
     def completed_rounds(self) -> int:
         return self.runtime.completed_rounds()

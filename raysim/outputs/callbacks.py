@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from raysim.outputs.run_dir import RunDir
+
 
 @dataclass
 class RunStart:
@@ -100,7 +102,7 @@ class CheckpointFile(Callback):
 
     def __init__(
         self,
-        run_dir: Path,
+        run_dir: RunDir,
         every: int,
         rounds: int,
         checkpoint: Callable[[], dict[str, Any]],
@@ -110,29 +112,21 @@ class CheckpointFile(Callback):
         self.checkpoint, self.final_weights = checkpoint, final_weights
 
     def on_round_end(self, result: RoundResult) -> None:
-        from raysim.outputs.state_files import write_checkpoint
-
         if result.round % self.every == 0 or result.round == self.rounds:
-            write_checkpoint(self.run_dir, self.checkpoint())
+            self.run_dir.write_checkpoint(self.checkpoint())
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        from raysim.outputs.state_files import save_state
-
-        save_state(self.run_dir / "checkpoints/final_model.pt", self.final_weights())
+        self.run_dir.write_final_model(self.final_weights())
 
 
 class SummaryFile(Callback):
     """summary.json after every round (finished: false) and at the end."""
 
-    def __init__(self, path: Path, summary: Callable[[bool], dict[str, Any]]):
-        self.path, self.summary = path, summary
+    def __init__(self, run_dir: RunDir, summary: Callable[[bool], dict[str, Any]]):
+        self.run_dir, self.summary = run_dir, summary
 
     def on_round_end(self, result: RoundResult) -> None:
-        from raysim.outputs.files import write_json
-
-        write_json(self.path, self.summary(False))
+        self.run_dir.write_summary(self.summary(False))
 
     def on_run_end(self, summary: dict[str, Any]) -> None:
-        from raysim.outputs.files import write_json
-
-        write_json(self.path, summary)
+        self.run_dir.write_summary(summary)

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from raysim.errors import RaysimError
+from raysim.outputs.run_dir import LOCK as LOCK_FILE
 
-LOCK_FILE = ".lock"
 _held: dict[Path, int] = {}  # run directory (resolved) -> file descriptor holding its lock
 
 

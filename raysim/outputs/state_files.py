@@ -100,49 +100,11 @@ def _reason(exc: Exception) -> str:
     return text if len(text) > 12 else "not a checkpoint raysim wrote"
 
 
-# ---------------------------------------------------------------- checkpoints of a run directory
-CHECKPOINT = "checkpoints/last.pt"  # the latest checkpointed round's state, read by --resume
-PREVIOUS_CHECKPOINT = "checkpoints/previous.pt"  # the one before: the way back from a damaged last.pt
-
-
-def write_checkpoint(run_dir: Path, checkpoint: dict[str, Any]) -> None:
-    """last.pt becomes previous.pt, then the new one becomes last.pt (both renames are atomic; a run
-    killed between them has only previous.pt, which read_checkpoint then uses)."""
-    last, previous = Path(run_dir) / CHECKPOINT, Path(run_dir) / PREVIOUS_CHECKPOINT
-    encoded = encode(checkpoint)
-    fresh = last.with_name("last.pt.new")
-    last.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(encoded, fresh)
-    if last.exists():
-        last.replace(previous)
-    fresh.replace(last)
-
-
-def read_checkpoint(run_dir: Path) -> dict[str, Any] | None:
-    """The run's latest checkpoint ({round, state, wall_time_s, log_summary}), None if it has none."""
-    run_dir = Path(run_dir)
-    last, previous = run_dir / CHECKPOINT, run_dir / PREVIOUS_CHECKPOINT
-    if not last.exists():
-        if not previous.exists():
-            return None
-        path, way_out = previous, "start a fresh run"
-    elif previous.exists():
-        path, way_out = (
-            last,
-            (
-                f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
-                "(the rounds after it are re-run, with the same numbers), or start a fresh run"
-            ),
-        )
-    else:
-        path, way_out = last, "start a fresh run (there is no earlier checkpoint to go back to)"
-    return _checked_checkpoint(load_state(path, way_out), path, way_out)
-
-
+# ---------------------------------------------------------------- checkpoints (RunDir names and reads them)
 CHECKPOINT_FIELDS = {"round": int, "state": dict, "wall_time_s": (int, float)}
 
 
-def _checked_checkpoint(checkpoint: Any, path: Path, way_out: str) -> dict[str, Any]:
+def checked_checkpoint(checkpoint: Any, path: Path, way_out: str) -> dict[str, Any]:
     """A file that loads safely but is not what write_checkpoint wrote is refused, naming what it lacks."""
     if not isinstance(checkpoint, dict):
         raise UnreadableStateError(

@@ -1,0 +1,224 @@
+"""The run directory: the one place that names its files, and writes and reads them.
+
+    config.yaml                the run's config (written once its actors are up)
+    metrics.parquet            one row per (round, client or none, metric)
+    summary.json               the run's figures, rewritten after every round
+    actors.yaml                where each client actor ran and which clients it hosted
+    tensorboard/               the same curves for TensorBoard
+    checkpoints/last.pt        the latest checkpointed round's state, read by --resume
+    checkpoints/previous.pt    the one before it: the way back from a damaged last.pt
+    checkpoints/final_model.pt the global model at the end
+    client_state/              per-client state the algorithm keeps between rounds
+    .lock                      held by the process running it
+
+Everything here is plain data (a path), so a `RunDir` travels to Ray actors as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raysim.errors import RaysimError
+from raysim.outputs.files import write_json, write_text
+
+CONFIG = "config.yaml"
+METRICS = "metrics.parquet"
+SUMMARY = "summary.json"
+ACTORS = "actors.yaml"
+TENSORBOARD = "tensorboard"
+CHECKPOINT = "checkpoints/last.pt"
+PREVIOUS_CHECKPOINT = "checkpoints/previous.pt"
+FINAL_MODEL = "checkpoints/final_model.pt"
+CLIENT_STATE = "client_state"
+LOCK = ".lock"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    def __str__(self) -> str:  # messages name the folder as the user gave it
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # ------------------------------------------------------------ file names
+    @property
+    def config_file(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def metrics_file(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY
+
+    @property
+    def actors_file(self) -> Path:
+        return self.path / ACTORS
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / TENSORBOARD
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.path / CHECKPOINT
+
+    @property
+    def previous_checkpoint_file(self) -> Path:
+        return self.path / PREVIOUS_CHECKPOINT
+
+    @property
+    def final_model_file(self) -> Path:
+        return self.path / FINAL_MODEL
+
+    @property
+    def client_state_dir(self) -> Path:
+        return self.path / CLIENT_STATE
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK
+
+    # ------------------------------------------------------------ life cycle
+    def holds_run(self) -> bool:
+        """A run was started here (its config is written)."""
+        return self.config_file.is_file()
+
+    def is_unstarted(self) -> bool:
+        """Nothing ran here: the folder holds no more than its config and lock."""
+        return self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {CONFIG, LOCK}
+
+    def remove_unstarted(self) -> None:
+        for name in (CONFIG, LOCK):
+            (self.path / name).unlink(missing_ok=True)
+        self.path.rmdir()
+
+    # ------------------------------------------------------------ writers
+    def write_config(self, text: str) -> None:
+        write_text(self.config_file, text)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.summary_file, summary)
+
+    def write_actors(self, actor_info: list[dict[str, Any]], per_client_models: bool) -> None:
+        """actors.yaml: where each actor runs and which clients it hosts (with clients.models, their models)."""
+        import yaml
+
+        entries = []
+        for i, info in enumerate(actor_info):
+            entry = {key: info[key] for key in ("node_id", "device", "gpu_ids", "clients")}
+            entry = {"actor": i, **entry}
+            if per_client_models:
+                entry["models"] = info["models"]
+            entries.append(entry)
+        write_text(self.actors_file, yaml.safe_dump(entries, sort_keys=False, default_flow_style=None))
+
+    def write_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """last.pt becomes previous.pt, then the new one becomes last.pt (both renames are atomic; a run
+        killed between them has only previous.pt, which read_checkpoint then uses)."""
+        import torch
+
+        from raysim.outputs.state_files import encode
+
+        last, previous = self.checkpoint_file, self.previous_checkpoint_file
+        encoded = encode(checkpoint)
+        fresh = last.with_name("last.pt.new")
+        last.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(encoded, fresh)
+        if last.exists():
+            last.replace(previous)
+        fresh.replace(last)
+
+    def write_final_model(self, weights: Any) -> None:
+        from raysim.outputs.state_files import save_state
+
+        save_state(self.final_model_file, weights)
+
+    # ------------------------------------------------------------ readers
+    def read_checkpoint(self) -> dict[str, Any] | None:
+        """The run's latest checkpoint ({round, state, wall_time_s, log_summary}), None if it has none;
+        refused in one line (with the way back) if it cannot be read safely."""
+        from raysim.outputs.state_files import checked_checkpoint, load_state
+
+        last, previous = self.checkpoint_file, self.previous_checkpoint_file
+        if not last.exists():
+            if not previous.exists():
+                return None
+            path, way_out = previous, "start a fresh run"
+        elif previous.exists():
+            path, way_out = (
+                last,
+                (
+                    f"go back to the checkpoint before it with 'mv {previous} {last}' and resume again "
+                    "(the rounds after it are re-run, with the same numbers), or start a fresh run"
+                ),
+            )
+        else:
+            path, way_out = last, "start a fresh run (there is no earlier checkpoint to go back to)"
+        return checked_checkpoint(load_state(path, way_out), path, way_out)
+
+    def completed_rounds(self) -> int:
+        """Rounds the checkpoint holds (reading it checks it: safe to load, not damaged)."""
+        checkpoint = self.read_checkpoint()
+        return 0 if checkpoint is None else int(checkpoint["round"])
+
+    def read_summary(self) -> dict[str, Any]:
+        """summary.json as written, {} if the run has none yet."""
+        return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
+
+    def read_summary_and_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """summary.json and config.yaml of a finished or running run, each refused in one line if it
+        is not what raysim writes (for reports over folders that may come from anywhere)."""
+        import yaml
+
+        summary_path, config_path = self.summary_file, self.config_file
+        if not summary_path.is_file() or not config_path.is_file():
+            raise RaysimError(f"'{self}' is not a finished or running raysim run (no {SUMMARY}/{CONFIG})")
+        way_out = "pass the folder of a run raysim wrote (or leave this one out)"
+        try:
+            summary = json.loads(summary_path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RaysimError(f"{summary_path} is not valid JSON ({exc}): {way_out}") from None
+        try:
+            config = yaml.safe_load(config_path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            problem = str(exc).strip().splitlines()[0]
+            raise RaysimError(f"{config_path} is not a plain YAML config ({problem}): {way_out}") from None
+        for path, value in ((summary_path, summary), (config_path, config)):
+            if not isinstance(value, dict):
+                raise RaysimError(f"{path} holds a {type(value).__name__}, not the mapping raysim writes: {way_out}")
+        if not isinstance(config.get("algorithm"), dict) or not isinstance(config.get("dataset"), dict):
+            raise RaysimError(f"{config_path} lacks the algorithm and dataset sections raysim writes: {way_out}")
+        return summary, config
+
+    def read_metrics_rows(self, columns: list[str] | None = None) -> list[dict[str, Any]]:
+        """metrics.parquet's rows (refused in one line if missing or unreadable)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.metrics_file.is_file():
+            raise RaysimError(f"'{self}' has no {METRICS}: pass the folder of a run that has finished a round")
+        try:
+            return pq.read_table(self.metrics_file, columns=columns).to_pylist()
+        except (pa.ArrowException, OSError) as exc:
+            raise RaysimError(f"cannot read '{self.metrics_file}': {exc}") from None
+
+    def read_actors(self) -> list[dict[str, Any]]:
+        import yaml
+
+        return yaml.safe_load(self.actors_file.read_text())

@@ -1,0 +1,212 @@
+"""A paper's table as data: its cells (each a shipped config per scale), its methods, its figures.
+
+A table file (configs/tables/NAME.yaml, shipped with the package):
+
+    title: "DCFL, Table II: ..."       # what the paper's table shows
+    source: "paper 002, Table II"      # where its figures come from
+    report: experiments/dcfl/README.md # where the measured table is written up
+    metric: last5_accuracy             # the measured figure set beside the paper's
+    seeds: 3                           # seeds 0..n-1 unless --seeds says otherwise
+    cells:
+      fmnist_ck2:
+        label: "FMNIST, C_k = 2"
+        config: {cpu: dcfl/fmnist_ck2_cpu, paper: dcfl/fmnist_ck2}  # shipped config per scale
+        overrides: {rounds: 40}        # optional, dotted keys, at every scale
+        paper: {fedavg: 74.3, dcfl: [85.1, 0.4]}                   # percent: mean or [mean, std]
+    methods:
+      fedavg: {label: FedAvg, algorithm: {name: fedavg}}  # `algorithm` replaces the config's section
+      dcfl: {label: DCFL, overrides: {algorithm.base: fedavg}}
+    orderings: ["dcfl > fedavg"]       # checked per cell and seed; default: the paper's best cell by cell
+    minutes: {cpu: {fedavg: 1.5, dcfl: 4}}  # one run's wall time on the reference 2-core machine
+
+A run's config is the cell's config at the chosen scale, with the method's `algorithm` section (if
+it gives one) in place of the config's, then the cell's and the method's overrides, the seed, and
+`dataset.root` under the data folder. So the methods of a cell share everything but the algorithm.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.config import Config, read_yaml, set_path
+from raysim.errors import RaysimError
+from raysim.shipped_configs import ROOT as CONFIGS_ROOT
+from raysim.shipped_configs import resolve
+
+TABLES_DIR = CONFIGS_ROOT / "tables"
+SCALES = ("cpu", "paper")
+METRICS = ("last5_accuracy", "final_accuracy", "best_accuracy")
+_ORDERING = re.compile(r"^\s*([\w.-]+)\s*>\s*([\w.-]+)\s*$")
+
+
+@dataclass
+class Method:
+    name: str
+    label: str
+    algorithm: dict[str, Any] | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Cell:
+    name: str
+    label: str
+    configs: dict[str, str]  # scale -> shipped config name
+    overrides: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # method -> (mean, std) in %
+
+
+@dataclass
+class Table:
+    name: str
+    title: str
+    source: str
+    report: str
+    metric: str
+    seeds: int
+    cells: dict[str, Cell]
+    methods: dict[str, Method]
+    orderings: list[tuple[str, str]]  # (better, worse)
+    minutes: dict[str, dict[str, float]]  # scale -> method -> minutes a run (reference machine)
+    path: Path
+
+    def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
+        """The orderings checked in `cell`: the table's, where the paper gives both figures; without
+        any, the paper's best method of the cell against each other one with a figure."""
+        if self.orderings:
+            return [(a, b) for a, b in self.orderings if a in cell.paper and b in cell.paper]
+        if len(cell.paper) < 2:
+            return []
+        best = max(cell.paper, key=lambda m: cell.paper[m][0])
+        return [(best, m) for m in self.methods if m in cell.paper and m != best]
+
+    def config(self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None) -> Config:
+        """The validated config of one run (see the module docstring)."""
+        from raysim.config_loading import config_from_dict
+
+        return config_from_dict(self.config_tree(cell, method, scale, seed, data_root))
+
+    def config_tree(
+        self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None
+    ) -> dict[str, Any]:
+        c, m = self.cells[cell], self.methods[method]
+        if scale not in c.configs:
+            raise RaysimError(
+                f"table {self.name}: cell {cell} has no {scale}-scale config "
+                f"(it has {', '.join(c.configs)}): choose --scale {' or '.join(c.configs)} or leave the cell out"
+            )
+        tree = read_yaml(resolve(c.configs[scale]))
+        if m.algorithm is not None:
+            tree["algorithm"] = copy.deepcopy(m.algorithm)
+        for key, value in {**c.overrides, **m.overrides}.items():
+            set_path(tree, key.split("."), copy.deepcopy(value))
+        tree["seed"] = seed
+        dataset = tree.setdefault("dataset", {})
+        if data_root is not None and dataset.get("name", "embedded") != "embedded":
+            dataset["root"] = str(Path(data_root) / dataset["name"])
+        return tree
+
+
+def list_tables() -> list[Table]:
+    return [load_table(path) for path in sorted(TABLES_DIR.glob("*.yaml"))]
+
+
+def load_table(name_or_path: str | Path) -> Table:
+    """A shipped table by name (`raysim reproduce --list`), or a table file's path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = TABLES_DIR / f"{str(name_or_path).removesuffix('.yaml')}.yaml"
+    if not path.is_file():
+        known = ", ".join(p.stem for p in sorted(TABLES_DIR.glob("*.yaml")))
+        raise RaysimError(f"no table '{name_or_path}': give a shipped table ({known}) or a table file's path")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise RaysimError(f"table file '{path}' is not valid YAML ({str(exc).splitlines()[0]}): fix it") from None
+    return _parse(path, raw)
+
+
+def _parse(path: Path, raw: Any) -> Table:
+    where = f"table file '{path}'"
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            raise RaysimError(f"{where}: {what}")
+
+    need(isinstance(raw, dict), "must be a mapping with title, cells and methods")
+    unknown = set(raw) - {"title", "source", "report", "metric", "seeds", "cells", "methods", "orderings", "minutes"}
+    need(not unknown, f"unknown key(s) {', '.join(sorted(unknown))}")
+    need(isinstance(raw.get("title"), str), "needs a 'title' (what the paper's table shows)")
+    metric = raw.get("metric", "last5_accuracy")
+    need(metric in METRICS, f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    seeds = raw.get("seeds", 3)
+    need(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds must be a positive integer")
+
+    methods = {}
+    need(isinstance(raw.get("methods"), dict) and raw["methods"], "needs 'methods': name -> {label, ...}")
+    for name, spec in raw["methods"].items():
+        spec = spec or {}
+        need(isinstance(spec, dict), f"method {name} must be a mapping")
+        extra = set(spec) - {"label", "algorithm", "overrides"}
+        need(not extra, f"method {name} has unknown key(s) {', '.join(sorted(extra))}")
+        algorithm = spec.get("algorithm")
+        need(
+            algorithm is None or (isinstance(algorithm, dict) and "name" in algorithm),
+            f"method {name}: 'algorithm' must be a section with a name",
+        )
+        overrides = spec.get("overrides") or {}
+        need(isinstance(overrides, dict), f"method {name}: overrides must map dotted keys to values")
+        methods[str(name)] = Method(str(name), str(spec.get("label", name)), algorithm, overrides)
+
+    cells = {}
+    need(isinstance(raw.get("cells"), dict) and raw["cells"], "needs 'cells': name -> {label, config, paper}")
+    for name, spec in raw["cells"].items():
+        need(isinstance(spec, dict), f"cell {name} must be a mapping")
+        extra = set(spec) - {"label", "config", "overrides", "paper"}
+        need(not extra, f"cell {name} has unknown key(s) {', '.join(sorted(extra))}")
+        configs = spec.get("config")
+        need(
+            isinstance(configs, dict) and configs and set(configs) <= set(SCALES),
+            f"cell {name}: config must map a scale ({', '.join(SCALES)}) to a shipped config",
+        )
+        paper = {}
+        for method, figure in (spec.get("paper") or {}).items():
+            need(method in methods, f"cell {name}: paper figure for unknown method {method}")
+            if isinstance(figure, list):
+                need(len(figure) == 2, f"cell {name}: paper figure of {method} is a number or [mean, std]")
+                paper[method] = (float(figure[0]), float(figure[1]))
+            else:
+                need(isinstance(figure, (int, float)), f"cell {name}: paper figure of {method} must be a number")
+                paper[method] = (float(figure), None)
+        overrides = spec.get("overrides") or {}
+        need(isinstance(overrides, dict), f"cell {name}: overrides must map dotted keys to values")
+        cells[str(name)] = Cell(str(name), str(spec.get("label", name)), dict(configs), overrides, paper)
+
+    orderings = []
+    for text in raw.get("orderings") or []:
+        match = _ORDERING.match(str(text))
+        need(match is not None, f"ordering {text!r} must read 'method > method'")
+        a, b = match.groups()
+        need(a in methods and b in methods, f"ordering {text!r} names a method the table does not have")
+        orderings.append((a, b))
+    minutes = raw.get("minutes") or {}
+    need(isinstance(minutes, dict) and set(minutes) <= set(SCALES), "minutes must map a scale to method -> minutes")
+    return Table(
+        path.stem,
+        raw["title"],
+        str(raw.get("source", "")),
+        str(raw.get("report", "")),
+        metric,
+        seeds,
+        cells,
+        methods,
+        orderings,
+        {scale: dict(v) for scale, v in minutes.items()},
+        path,
+    )

@@ -1,0 +1,153 @@
+"""`raysim reproduce` end to end on the embedded data: the smoke table is written with the paper's
+column and mean +- std; run again it skips every finished run without starting Ray; killed in the
+middle of a run it resumes and ends with the numbers of an uninterrupted reproduction; runs side by
+side give the numbers of runs one after another."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raysim.outputs.run_dir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def reproduce(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "reproduce", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def measured(out: Path) -> dict[tuple[str, str], str]:
+    """(cell, method) -> the per-seed figures in table.csv (the numbers; wall times left out)."""
+    with open(out / "table.csv") as f:
+        return {(r["cell"], r["method"]): r["per_seed"] for r in csv.DictReader(f) if r["kind"] == "method"}
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("smoke") / "table"
+    started = time.perf_counter()
+    done = reproduce("smoke", "--out", str(out))
+    return out, done, time.perf_counter() - started
+
+
+def test_smoke_table_is_written_beside_the_papers_figures(smoke):
+    out, done, seconds = smoke
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (out / "table.md").read_text()
+    assert "| cell | method | paper | final | last-5 | best |" in table
+    assert "| FMNIST sample, Dir(0.5) | FedAvg | 87.2 +- 0.3 |" in table
+    assert "fedprox > fedavg | 87.58 vs 87.19 | yes |" in table and " of 2 seeds |" in table
+    for run in ("fedavg/s0", "fedavg/s1", "fedprox/s0", "fedprox/s1"):
+        assert RunDir(out / "fmnist_dir0.5" / run).read_summary()["finished"]
+    rows = measured(out)
+    assert all(len(v.split()) == 2 for v in rows.values()), rows  # two seeds each
+    for value in " ".join(rows.values()).split():
+        assert float(value) > 30  # ten classes: far above chance after 3 rounds
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert "[4/4]" in done.stderr
+    print(f"smoke table: {seconds:.0f} s")
+
+
+def test_running_it_again_skips_every_finished_run_in_seconds(smoke):
+    out, _, _ = smoke
+    before = (out / "table.csv").read_text()
+    started = time.perf_counter()
+    again = reproduce("smoke", "--out", str(out))
+    seconds = time.perf_counter() - started
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "4 of 4 runs finished already: skipped" in again.stderr
+    assert "[1/" not in again.stderr  # nothing ran
+    assert (out / "table.csv").read_text() == before
+    assert seconds < 30, seconds  # no Ray started: the interpreter, torch and the table
+
+
+def test_killed_midway_it_resumes_with_the_same_numbers(smoke, tmp_path):
+    out = tmp_path / "table"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raysim.cli", "reproduce", "smoke", "--out", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    # kill it once the second run has checkpointed a round (the first finished, the second half done)
+    second = RunDir(out / "fmnist_dir0.5" / "fedavg" / "s1")
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if second.checkpoint_file.exists() and not second.read_summary().get("finished"):
+            break
+        assert proc.poll() is None, "ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not second.read_summary().get("finished")
+    again = reproduce("smoke", "--out", str(out))
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "1 of 4 runs finished already: skipped" in again.stderr
+    assert "fmnist_dir0.5/fedavg/s1: resumed" in again.stderr
+    assert measured(out) == measured(smoke[0])
+
+
+def test_runs_side_by_side_give_the_numbers_of_runs_one_after_another(tmp_path):
+    table = tmp_path / "pair.yaml"
+    table.write_text(
+        """
+title: two runs that fit side by side on 2 cores
+report: experiments/engine/README.md
+seeds: 1
+cells:
+  a:
+    config: {cpu: quickstart}
+    overrides: {rounds: 2, model: {name: mlp}, resources: {actors: 1, cpus_per_actor: 1}}
+    paper: {fedavg: 80, fedprox: 81}
+methods:
+  fedavg: {algorithm: {name: fedavg}}
+  fedprox: {algorithm: {name: fedprox, mu: 0.01}}
+"""
+    )
+    side = reproduce(str(table), "--out", str(tmp_path / "side"))
+    assert side.returncode == 0, side.stderr[-3000:]
+    assert "2 runs, 2 side by side" in side.stderr
+    one = reproduce(str(table), "--out", str(tmp_path / "one"), "--parallel", "1")
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert "side by side" not in one.stderr
+    assert measured(tmp_path / "side") == measured(tmp_path / "one")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["smoke"], "needs --out DIR"),
+        ([], "no table given"),
+        (["nosuch", "--out", "x"], "no table 'nosuch'"),
+        (["smoke", "--out", "x", "--seeds", "0"], "--seeds '0'"),
+        (["smoke", "--out", "x", "--cells", "nosuch"], "has no cell nosuch"),
+        (["dcfl_table2", "--out", "x", "--cells", "fmnist_ck2"], "give --data-root DIR"),
+    ],
+)
+def test_bad_requests_are_one_line_and_exit_2(args, words):
+    done = reproduce(*args, timeout=60)
+    assert done.returncode == 2 and words in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_list_names_the_tables_with_cells_methods_and_estimates():
+    done = reproduce("--list", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "smoke: " in done.stdout and "dcfl_table2: " in done.stdout
+    assert "cells:   fmnist_dir0.5" in done.stdout
+    assert "1 cells x 2 methods x 2 seeds: " in done.stdout and "on this machine" in done.stdout

@@ -1,0 +1,218 @@
+"""The papers' tables as data (configs/tables/*.yaml, raysim.reproduce): every shipped table parses,
+every run it names (cell x method x scale) builds a valid config, and the table logic (seeds,
+selections, orderings, refusals) works. No Ray: the end-to-end runs are in test_reproduce.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raysim.config import dump_config
+from raysim.errors import RaysimError
+from raysim.outputs.run_dir import RunDir
+from raysim.reproduce import list_tables, load_table, parse_seeds, selection
+from raysim.reproduce.results import collect, markdown, method_rows, ordering_rows
+from raysim.reproduce.runs import PlannedRun, plan_runs, run_state
+from raysim.reproduce.table_file import TABLES_DIR
+
+DATA = "/nonexistent/data"  # configs are validated, never loaded
+TABLES = sorted(p.stem for p in TABLES_DIR.glob("*.yaml"))
+RUNS = [
+    (name, cell, scale) for name in TABLES for cell, spec in load_table(name).cells.items() for scale in spec.configs
+]
+
+
+@pytest.mark.parametrize("name, cell, scale", RUNS, ids=[f"{n}:{c}:{s}" for n, c, s in RUNS])
+def test_every_run_of_every_shipped_table_builds_a_valid_config(name, cell, scale):
+    table = load_table(name)
+    configs = {m: table.config(cell, m, scale, 1, DATA) for m in table.methods}
+    for method, config in configs.items():
+        assert config.seed == 1
+        if config.dataset.name != "embedded":
+            assert config.dataset.root == f"{DATA}/{config.dataset.name}"
+    # the methods of a cell share everything but the algorithm (and the resources it needs)
+    shared = {
+        m: {k: v for k, v in c.to_dict().items() if k not in ("algorithm", "resources")} for m, c in configs.items()
+    }
+    first = next(iter(shared.values()))
+    assert all(s == first for s in shared.values()), name
+
+
+def test_the_tables_name_a_table_of_each_seed_paper():
+    names = {t.name for t in list_tables()}
+    for paper in ("smoke", "dcfl_", "fedaf_", "dynafed_", "fedhydra_"):
+        assert any(n.startswith(paper) for n in names), (paper, names)
+
+
+def test_paper_figures_are_percentages_and_orderings_name_methods_with_figures():
+    for table in list_tables():
+        for cell in table.cells.values():
+            for mean, std in cell.paper.values():
+                assert 0 < mean <= 100 and (std is None or 0 <= std < 50), (table.name, cell.name)
+        assert table.report.startswith("experiments/") and (Path(__file__).parents[1] / table.report).is_file()
+
+
+def test_the_dcfl_table_carries_table_ii():
+    table = load_table("dcfl_table2")
+    assert table.cells["fmnist_ck2"].paper["dcfl"] == (69.14, 2.39)
+    assert table.cells["cifar10_dir0.5"].paper["fedavg"] == (49.15, 0.94)
+    assert table.cells["svhn_ck2"].paper["dcfl_feddisco"] == (85.44, 1.48)
+    assert [c for c, spec in table.cells.items() if "cpu" in spec.configs] == [
+        "fmnist_dir0.5",
+        "fmnist_dir0.1",
+        "fmnist_ck2",
+        "cifar10_ck2",
+    ]
+    # a base method runs the DCFL config's setting with its own algorithm section only
+    base = table.config("fmnist_ck2", "fedprox", "cpu", 0, DATA)
+    assert base.algorithm["name"] == "fedprox" and base.rounds == 40 and base.local.epochs == 10
+
+
+@pytest.mark.parametrize(
+    "text, default, seeds",
+    [(None, 3, [0, 1, 2]), ("2", 3, [0, 1]), ("0,2,5", 3, [0, 2, 5]), ("1-3", 3, [1, 2, 3])],
+)
+def test_seeds(text, default, seeds):
+    assert parse_seeds(text, default) == seeds
+
+
+@pytest.mark.parametrize("text", ["x", "0", "1,1", "-1", "3-1"])
+def test_bad_seeds_are_one_line(text):
+    with pytest.raises(RaysimError, match="--seeds"):
+        parse_seeds(text, 3)
+
+
+def test_selections_keep_the_tables_order_and_name_the_choices():
+    table = load_table("dcfl_table2")
+    assert selection(table, "dcfl,fedavg", table.methods, "method") == ["fedavg", "dcfl"]
+    with pytest.raises(RaysimError, match="no method fedsgd: choose from fedavg, dcfl"):
+        selection(table, "fedsgd", table.methods, "method")
+
+
+def write_table(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+title: t
+cells:
+  a: {config: {cpu: quickstart}, paper: {one: 50, two: [60, 1]}}
+methods:
+  one: {algorithm: {name: fedavg}}
+  two: {algorithm: {name: fedprox}}
+"""
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (("title: t", "titel: t"), "unknown key(s) titel"),
+        (("paper: {one: 50", "paper: {three: 50"), "paper figure for unknown method three"),
+        (("{cpu: quickstart}", "{gpu: quickstart}"), "config must map a scale"),
+        (("two: {algorithm: {name: fedprox}}", "two: {algorithm: fedprox}"), "'algorithm' must be a section"),
+        (("title: t", "title: t\norderings: ['one >> two']"), "must read 'method > method'"),
+        (("title: t", "title: t\nmetric: accuracy"), "metric must be one of"),
+    ],
+)
+def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, words):
+    path = write_table(tmp_path, GOOD.replace(*change))
+    with pytest.raises(RaysimError) as info:
+        load_table(path)
+    assert words in str(info.value) and "\n" not in str(info.value)
+
+
+def test_unknown_table_names_the_shipped_ones():
+    with pytest.raises(RaysimError, match="give a shipped table .*smoke"):
+        load_table("nosuch")
+
+
+def test_a_cell_without_the_scale_asked_for_is_refused(tmp_path):
+    table = load_table("dcfl_table2")
+    with pytest.raises(RaysimError, match="cell mnist_ck2 has no cpu-scale config"):
+        table.config("mnist_ck2", "dcfl", "cpu", 0, DATA)
+
+
+def test_a_cell_reading_real_data_without_a_data_root_is_refused_before_anything_runs(tmp_path):
+    table = load_table("dcfl_table2")
+    with pytest.raises(RaysimError, match="reads fashion_mnist: give --data-root DIR"):
+        plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, None)
+
+
+def fake_run(run: PlannedRun, accuracy: float, finished: bool = True) -> None:
+    run.run_dir.path.mkdir(parents=True)
+    run.run_dir.write_config(dump_config(run.config))
+    summary = {
+        "finished": finished,
+        "final_accuracy": accuracy,
+        "best_accuracy": accuracy + 0.01,
+        "last5_accuracy": accuracy - 0.01,
+        "wall_time_s": 60.0,
+        "bytes_up": 1e6,
+        "bytes_down": 2e6,
+    }
+    run.run_dir.write_summary(summary)
+
+
+def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
+    table = load_table(write_table(tmp_path, GOOD))
+    runs = plan_runs(table, "cpu", [0, 1, 2], ["a"], ["one", "two"], tmp_path / "out", None)
+    accuracy = {("one", 0): 0.50, ("one", 1): 0.60, ("one", 2): 0.70, ("two", 0): 0.55, ("two", 1): 0.65}
+    for run in runs:
+        if (run.method, run.seed) in accuracy:
+            fake_run(run, accuracy[(run.method, run.seed)])
+        else:  # seed 2 of `two` did not finish: it counts nowhere
+            fake_run(run, 0.99, finished=False)
+    measured = collect(runs)
+    (ordering,) = ordering_rows(table, measured, ["a"])  # default: the paper's best against the others
+    assert ordering == {
+        "cell": "a",
+        "ordering": "two > one",
+        "paper": "60 vs 50",
+        "holds_in_paper": True,
+        "holds": 2,
+        "seeds": 2,
+    }
+    rows = {r["method"]: r for r in method_rows(table, measured, ["a"], ["one", "two"])}
+    assert rows["one"]["seeds"] == 3 and rows["one"]["final_mean"] == pytest.approx(60.0)
+    assert rows["one"]["final_std"] == pytest.approx(10.0)  # sample std of 50, 60, 70
+    assert rows["two"]["seeds"] == 2 and rows["two"]["wall_min"] == pytest.approx(1.0)
+    text = markdown(table, "cpu", list(rows.values()), [ordering])
+    assert "| a | one | 50.0 | 59.0 +- 10.0 | 60.0 +- 10.0 | 61.0 +- 10.0 |" in text
+    assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
+
+
+def test_a_run_directory_of_another_config_is_refused(tmp_path):
+    table = load_table(write_table(tmp_path, GOOD))
+    (run,) = plan_runs(table, "cpu", [0], ["a"], ["one"], tmp_path / "out", None)
+    assert run_state(run) == "new"
+    fake_run(run, 0.5)
+    assert run_state(run) == "finished"
+    stored = yaml.safe_load(run.run_dir.config_file.read_text())
+    stored["rounds"] = 99
+    run.run_dir.config_file.write_text(yaml.safe_dump(stored))
+    with pytest.raises(RaysimError, match="holds a run of another config than the table's .differs in rounds."):
+        run_state(run)
+
+
+def test_a_run_of_a_table_cell_by_name(monkeypatch):
+    from raysim.cli import _new_config
+
+    monkeypatch.setenv("RAYSIM_DATA", DATA)
+    config = _new_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
+    assert config.algorithm["name"] == "dcfl" and config.algorithm["base"] == "fedprox" and config.seed == 2
+    assert config.dataset.root == f"{DATA}/fashion_mnist"
+    paper = _new_config("dcfl_table2:fmnist_ck2:fedavg:paper", [])
+    assert paper.rounds == 100 and paper.algorithm["name"] == "fedavg"
+    with pytest.raises(RaysimError, match="no cell nosuch"):
+        _new_config("dcfl_table2:nosuch:dcfl", [])
+
+
+def test_summary_of_a_finished_run_is_read_through_the_run_directory(tmp_path):
+    run_dir = RunDir(tmp_path)
+    run_dir.write_summary({"finished": True})
+    assert run_dir.read_summary() == json.loads((tmp_path / "summary.json").read_text())
