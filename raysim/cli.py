@@ -61,29 +61,14 @@ def _run(args: argparse.Namespace) -> int:
             discard_unstarted_run(run_dir)
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
-        from ray.exceptions import RayError
+        from raysim.runner import failure_message
 
-        full = disk_full(exc)
-        if full is not None:
-            raise RaysimError(
-                f"no space left on device ({full}): finished rounds are kept; free some space "
-                f"(or move the run directory to a larger disk) and continue with "
-                f"'raysim run --resume {run_dir}'"
-            ) from None
-        if not isinstance(exc, RayError):
+        message, refused_at_start = failure_message(exc, run_dir)
+        if message is None:
             raise
-        raised = str(exc).rsplit("RaysimError: ", 1)
-        if getattr(exc, "actor_init_failed", False) and len(raised) == 2:
-            # the server refused the run while starting (e.g. an algorithm's data are missing): Ray
-            # keeps only the creation task's traceback as text, whose last RaysimError line is the message
-            if not args.resume:
-                discard_unstarted_run(run_dir)
-            raise RaysimError(raised[1].strip().splitlines()[0]) from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RaysimError(
-            f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are "
-            f"kept: continue with 'raysim run --resume {run_dir}'"
-        ) from None
+        if refused_at_start and not args.resume:
+            discard_unstarted_run(run_dir)
+        raise RaysimError(message) from None
     return 0
 
 
@@ -103,7 +88,15 @@ def _new_config(name: str, overrides: list[str]):
         scale = parts[3] if len(parts) == 4 else "cpu"
         tree = table.config_tree(cell, method, scale, 0, os.environ.get("RAYSIM_DATA"))
         return load_config(None, overrides, base=tree)
-    return load_config(resolve(name), overrides)
+    path = resolve(name)
+    from raysim.reproduce.table_file import TABLES_DIR
+
+    if path.parent == TABLES_DIR.resolve():
+        raise RaysimError(
+            f"'{name}' is a paper's table, not a config: run it with 'raysim reproduce {path.stem} --out DIR', "
+            f"or one of its cells with 'raysim run {path.stem}:CELL:METHOD'"
+        )
+    return load_config(path, overrides)
 
 
 def _resume_config_without_code(run_dir, overrides: list[str]):
@@ -134,19 +127,6 @@ def _resume_config_without_code(run_dir, overrides: list[str]):
             "directory could run; or add --allow-code if you wrote or trust this run"
         )
     return config
-
-
-def disk_full(exc: BaseException) -> str | None:
-    """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
-    import errno
-
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return exc.filename or "writing the run's files"
-        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
-    return None
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
@@ -275,6 +255,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             data_root=args.data_root,
             address=args.address,
             parallel=args.parallel,
+            resources=args.overrides,
         )
     except KeyboardInterrupt:
         print("interrupted: finished runs are kept; the same command continues the table", file=sys.stderr)
@@ -301,7 +282,10 @@ def _list_tables() -> int:
                 continue
             minutes, missing = table_minutes(table, scale, table.seeds, speed)
             where = "this machine" if scale == "cpu" else "the GPU it was measured on"
-            guess = "no time recorded" if minutes is None else f"about {_duration(minutes)} on {where}"
+            if minutes is None:
+                guess = "no time recorded"
+            else:
+                guess = f"{'at least' if missing else 'about'} {_duration(minutes)} on {where}"
             gaps = f" ({missing} cell x method without a recorded time)" if missing and minutes is not None else ""
             print(
                 f"  {scale:5s}    {len(cells)} cells x {len(table.methods)} methods x {table.seeds} seeds: "
@@ -379,6 +363,9 @@ def build_parser() -> argparse.ArgumentParser:
     repro = sub.add_parser("reproduce", help="run a paper's table and lay it beside the paper's figures")
     repro.add_argument("table", nargs="?", help="a shipped table (raysim reproduce --list) or a table file")
     repro.add_argument(
+        "overrides", nargs="*", help="resources.key=value: how the runs use this machine (the table sets the rest)"
+    )
+    repro.add_argument(
         "--list", action="store_true", help="list the tables, their cells and methods, and time estimates"
     )
     repro.add_argument("--out", help="the table's folder: CELL/METHOD/sSEED run directories, table.md, table.csv")
@@ -404,7 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow the options (`raysim run CONFIG --out D rounds=3`)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except RaysimError as exc:

@@ -337,6 +337,44 @@ def _in_process(config: Config, exp: Experiment, run_dir: RunDir):
     return server, actors, []
 
 
+def disk_full(exc: BaseException) -> str | None:
+    """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc.filename or "writing the run's files"
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None
+
+
+def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
+    """One line for a run that failed outside raysim's own checks (a full disk, Ray itself), and
+    whether the run was refused while starting (nothing ran); (None, False) for anything else."""
+    from ray.exceptions import RayError
+
+    full = disk_full(exc)
+    if full is not None:
+        return (
+            f"no space left on device ({full}): finished rounds are kept; free some space (or move the run "
+            f"directory to a larger disk) and continue with 'raysim run --resume {run_dir}'"
+        ), False
+    if not isinstance(exc, RayError):
+        return None, False
+    raised = str(exc).rsplit("RaysimError: ", 1)
+    if getattr(exc, "actor_init_failed", False) and len(raised) == 2:
+        # the server refused the run while starting (e.g. an algorithm's data are missing): Ray keeps
+        # only the creation task's traceback as text, whose last RaysimError line is the message
+        return raised[1].strip().splitlines()[0], True
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return (
+        f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are kept: "
+        f"continue with 'raysim run --resume {run_dir}'"
+    ), False
+
+
 def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
     def mb(x: float) -> str:
         return f"{x / 1e6:.1f} MB"

@@ -39,6 +39,8 @@ def list_configs() -> list[tuple[str, str]]:
     rows = []
     for path in sorted(ROOT.rglob("*.yaml")):
         name = path.relative_to(ROOT).with_suffix("").as_posix()
+        if name.startswith("tables/"):  # the papers' tables: `raysim reproduce --list`
+            continue
         rows.append((name, _first_comment(path)))
     return sorted(rows)
 

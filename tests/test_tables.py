@@ -117,6 +117,8 @@ methods:
         (("two: {algorithm: {name: fedprox}}", "two: {algorithm: fedprox}"), "'algorithm' must be a section"),
         (("title: t", "title: t\norderings: ['one >> two']"), "must read 'method > method'"),
         (("title: t", "title: t\nmetric: accuracy"), "metric must be one of"),
+        (("two: [60, 1]", "two: [60, a]"), "paper figure of two must be a number or [mean, std]"),
+        (("title: t", "title: t\nminutes: {cpu: 5}"), "minutes must map a scale to {method: minutes a run}"),
     ],
 )
 def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, words):
@@ -148,6 +150,7 @@ def fake_run(run: PlannedRun, accuracy: float, finished: bool = True) -> None:
     run.run_dir.write_config(dump_config(run.config))
     summary = {
         "finished": finished,
+        "rounds": run.config.rounds,
         "final_accuracy": accuracy,
         "best_accuracy": accuracy + 0.01,
         "last5_accuracy": accuracy - 0.01,
@@ -186,17 +189,31 @@ def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
     assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
 
 
-def test_a_run_directory_of_another_config_is_refused(tmp_path):
+def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_rounds(tmp_path):
     table = load_table(write_table(tmp_path, GOOD))
     (run,) = plan_runs(table, "cpu", [0], ["a"], ["one"], tmp_path / "out", None)
     assert run_state(run) == "new"
     fake_run(run, 0.5)
     assert run_state(run) == "finished"
     stored = yaml.safe_load(run.run_dir.config_file.read_text())
-    stored["rounds"] = 99
+    # settings that change no number (where the data lie, the actors) do not count
+    stored["dataset"]["root"], stored["resources"]["actors"] = "/elsewhere", 7
     run.run_dir.config_file.write_text(yaml.safe_dump(stored))
-    with pytest.raises(RaysimError, match="holds a run of another config than the table's .differs in rounds."):
+    assert run_state(run) == "finished"
+    # a run of fewer rounds than the table's is extended (resumed), not refused nor counted as finished
+    stored["rounds"] = run.config.rounds - 2
+    run.run_dir.config_file.write_text(yaml.safe_dump(stored))
+    run.run_dir.write_summary({**run.run_dir.read_summary(), "rounds": run.config.rounds - 2})
+    assert run_state(run) == "unfinished"
+    stored["rounds"], stored["local"]["lr"] = 99, 0.5
+    run.run_dir.config_file.write_text(yaml.safe_dump(stored))
+    with pytest.raises(
+        RaysimError, match=r"another config than the table's \(local.lr: 0.5 there, 0.01 here, rounds: 99"
+    ):
         run_state(run)
+    run.run_dir.summary_file.write_text("{not json")
+    with pytest.raises(RaysimError, match="summary.json is not valid JSON"):
+        run.run_dir.read_summary()
 
 
 def test_a_run_of_a_table_cell_by_name(monkeypatch):
@@ -216,3 +233,21 @@ def test_summary_of_a_finished_run_is_read_through_the_run_directory(tmp_path):
     run_dir = RunDir(tmp_path)
     run_dir.write_summary({"finished": True})
     assert run_dir.read_summary() == json.loads((tmp_path / "summary.json").read_text())
+
+
+def test_a_method_with_its_own_config_per_cell_and_overrides_per_scale():
+    table = load_table("fedaf_table1")
+    feddm_cpu = table.config("cifar10_alpha0.05", "feddm", "cpu", 0, DATA)
+    feddm_paper = table.config("cifar10_alpha0.05", "feddm", "paper", 0, DATA)
+    assert feddm_cpu.algorithm["ipc"] == 20 and feddm_paper.algorithm["ipc"] == 50  # feddm/cifar10_cpu, _alpha0.05
+    assert table.config("cifar10_alpha0.05", "fedavg", "cpu", 0, DATA).local.epochs == 2  # the 2-core file's own
+    assert table.config("cifar10_alpha0.05", "fedavg", "paper", 0, DATA).local.epochs == 10  # the paper's, set
+
+
+def test_a_table_given_to_raysim_run_says_how_to_run_it_and_configs_does_not_list_tables():
+    from raysim.cli import _new_config
+    from raysim.shipped_configs import list_configs
+
+    with pytest.raises(RaysimError, match="is a paper's table, not a config: run it with 'raysim reproduce smoke"):
+        _new_config("tables/smoke", [])
+    assert not [name for name, _ in list_configs() if name.startswith("tables/")]

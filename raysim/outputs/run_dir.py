@@ -178,8 +178,16 @@ class RunDir:
         return 0 if checkpoint is None else int(checkpoint["round"])
 
     def read_summary(self) -> dict[str, Any]:
-        """summary.json as written, {} if the run has none yet."""
-        return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else {}
+        """summary.json as written, {} if the run has none yet; a damaged one is refused in one line."""
+        if not self.summary_file.is_file():
+            return {}
+        try:
+            summary = json.loads(self.summary_file.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RaysimError(f"{self.summary_file} is not valid JSON ({exc}): remove that run's folder") from None
+        if not isinstance(summary, dict):
+            raise RaysimError(f"{self.summary_file} is not the mapping raysim writes: remove that run's folder")
+        return summary
 
     def read_summary_and_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """summary.json and config.yaml of a finished or running run, each refused in one line if it

@@ -7,6 +7,7 @@ them; results: table.md / table.csv; curves: curves.png; estimate: `--list`'s ti
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from raysim.errors import RaysimError
@@ -59,6 +60,7 @@ def reproduce(
     address: str | None = None,
     parallel: int | None = None,
     bars: bool = True,
+    resources: list[str] = (),
 ) -> tuple[list[Path], list]:
     """Run the selection (skipping finished runs, resuming unfinished ones) and write the table.
     Returns the files written and the runs that failed (with their one-line errors)."""
@@ -72,9 +74,18 @@ def reproduce(
     available = [c for c in cell_names if scale in table.cells[c].configs]
     if not available:
         raise RaysimError(f"table {table.name} has no cell at {scale} scale among {', '.join(cell_names)}")
+    if cells is not None and len(available) < len(cell_names):
+        left = ", ".join(c for c in cell_names if c not in available)
+        print(f"note: {left} has no {scale}-scale config: left out", file=sys.stderr)
     method_names = selection(table, methods, table.methods, "method")
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise RaysimError(f"--out '{out}' is a file: give a new or existing folder for the table's runs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None
     data_root = data_root or os.environ.get("RAYSIM_DATA")
-    runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root)
+    runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
     failures = execute(runs, address, parallel, bars)
     return write_outputs(table, scale, runs, out, available, method_names), failures

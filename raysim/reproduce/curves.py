@@ -25,18 +25,21 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
             if m is None or not m.run_dirs:
                 continue
             series = [read_curves(d)["accuracy"] for d in m.run_dirs]
-            common = sorted(set.intersection(*(set(r.tolist()) for r, _ in series)))
-            if not common:
+            rounds = sorted(set().union(*(r.tolist() for r, _ in series)))
+            if not rounds:
                 continue
-            values = np.array([[dict(zip(r.tolist(), v))[x] for x in common] for r, v in series]) * 100
-            line = ax.plot(common, values.mean(axis=0), label=table.methods[method].label)[0]
+            # a seed without an evaluation at some round leaves a gap there, not the whole curve
+            values = np.array([[dict(zip(r.tolist(), v)).get(x, np.nan) for x in rounds] for r, v in series]) * 100
+            line = ax.plot(rounds, np.nanmean(values, axis=0), label=table.methods[method].label)[0]
             if len(series) > 1:
-                ax.fill_between(common, values.min(axis=0), values.max(axis=0), alpha=0.2, color=line.get_color())
+                low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+                ax.fill_between(rounds, low, high, alpha=0.2, color=line.get_color())
         ax.set_title(table.cells[cell].label, fontsize=10)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
     fig.suptitle(table.title, fontsize=11)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.reproduce.runs import PlannedRun
+from raysim.reproduce.runs import PlannedRun, is_finished
 from raysim.reproduce.table_file import METRICS, Table
 
 SHORT = {"last5_accuracy": "last-5", "final_accuracy": "final", "best_accuracy": "best"}
@@ -41,8 +41,8 @@ def collect(runs: list[PlannedRun]) -> dict[tuple[str, str], Measured]:
     out: dict[tuple[str, str], Measured] = {}
     for run in runs:
         entry = out.setdefault((run.cell, run.method), Measured([], [], []))
-        summary = run.run_dir.read_summary()
-        if summary.get("finished"):
+        if is_finished(run):
+            summary = run.run_dir.read_summary()
             entry.seeds.append(run.seed)
             entry.summaries.append(summary)
             entry.run_dirs.append(run.run_dir.path)
@@ -98,7 +98,7 @@ def method_rows(
             row: dict[str, Any] = {
                 "cell": cell_name,
                 "method": method,
-                "seeds": len(m.seeds),
+                "seeds": len(m.values(table.metric)),
                 "paper_mean": paper[0] if paper else None,
                 "paper_std": paper[1] if paper else None,
             }

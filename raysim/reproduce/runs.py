@@ -41,13 +41,30 @@ def plan_runs(
     methods: list[str],
     out: Path,
     data_root: str | Path | None,
+    resources: list[str] = (),
 ) -> list[PlannedRun]:
-    """Every run of the selection, its config built and validated now (before anything runs)."""
+    """Every run of the selection, its config built and validated now (before anything runs).
+    `resources` are `resources.key=value` overrides: how the runs use the machine at hand (the
+    table decides everything else, so they are the only keys that may change)."""
+    from raysim.config import parse_override, set_path
+    from raysim.config_loading import config_from_dict
+
+    parsed = []
+    for text in resources:
+        key_path, value = parse_override(text)
+        if key_path[0] != "resources" or len(key_path) < 2:
+            raise RaysimError(
+                f"'{text}': only resources.* can be set for a table's runs (the table decides the rest; "
+                "run one cell with other settings by 'raysim run TABLE:CELL:METHOD key=value')"
+            )
+        parsed.append((key_path, value))
     runs = []
     for cell in cells:
         for method in methods:
             for seed in seeds:
                 tree = table.config_tree(cell, method, scale, seed, data_root)
+                for key_path, value in parsed:
+                    set_path(tree, key_path, value)
                 dataset = tree.get("dataset") or {}
                 if dataset.get("name", "embedded") != "embedded" and not dataset.get("root"):
                     raise RaysimError(
@@ -55,30 +72,72 @@ def plan_runs(
                         f"folder holding {dataset['name']}/ (or set RAYSIM_DATA)"
                     )
                 try:
-                    config = table.config(cell, method, scale, seed, data_root)
+                    config = config_from_dict(tree)
                 except RaysimError as exc:
                     raise RaysimError(f"table {table.name}, cell {cell}, method {method}: {exc}") from None
                 runs.append(PlannedRun(cell, method, seed, config, RunDir(out / cell / method / f"s{seed}")))
     return runs
 
 
+# Settings that never change a run's numbers (tested: equal across actor counts and in-process):
+# a finished run made with other values of these still counts; any other difference is refused.
+NEUTRAL_KEYS = {
+    "dataset.root",  # where the same data lie on this machine
+    "resources.actors",
+    "resources.in_process",
+    "resources.address",
+    "resources.num_cpus",
+    "resources.num_gpus",
+    "resources.object_store_mb",
+    "resources.max_restarts",
+    "resources.max_task_retries",
+}
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} -> {"a.b": 1}."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def run_state(run: PlannedRun) -> str:
-    """'finished', 'unfinished' (started: resumed from its checkpoint) or 'new'. A run directory
-    holding another config than the table's is refused in one line (its figures would be mixed in)."""
+    """'finished', 'unfinished' (started: resumed from its checkpoint, or extended to more rounds)
+    or 'new'. A run directory holding another config than the table's is refused in one line (its
+    figures would be mixed in)."""
     if not run.run_dir.holds_run():
         return "new"
-    stored = yaml.safe_load(run.run_dir.config_file.read_text()) or {}
-    wanted = run.config.to_dict()
-    differing = sorted(
-        key for key in set(stored) | set(wanted) if key != "resources" and stored.get(key) != wanted.get(key)
-    )
-    if differing:
+    try:
+        stored = yaml.safe_load(run.run_dir.config_file.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise RaysimError(
-            f"'{run.run_dir}' holds a run of another config than the table's (differs in {', '.join(differing)}): "
-            "remove that folder, or give another --out"
+            f"{run.run_dir.config_file} is not a config raysim wrote ({type(exc).__name__}): "
+            "remove that run's folder, or give another --out"
+        ) from None
+    if not isinstance(stored, dict):
+        raise RaysimError(
+            f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
+    stored, wanted = flatten(stored), flatten(run.config.to_dict())
+    differing = sorted(k for k in set(stored) | set(wanted) if k not in NEUTRAL_KEYS and stored.get(k) != wanted.get(k))
+    shorter = differing == ["rounds"] and isinstance(stored["rounds"], int) and stored["rounds"] < wanted["rounds"]
+    if differing and not shorter:
+        shown = ", ".join(f"{k}: {stored.get(k)!r} there, {wanted.get(k)!r} here" for k in differing[:3])
+        raise RaysimError(
+            f"'{run.run_dir}' holds a run of another config than the table's ({shown}"
+            f"{', ...' if len(differing) > 3 else ''}): remove that folder, or give another --out"
+        )
+    return "finished" if is_finished(run) else "unfinished"
+
+
+def is_finished(run: PlannedRun) -> bool:
+    """Finished all the rounds the table asks for (a run extended to more rounds is not)."""
     summary = run.run_dir.read_summary()
-    return "finished" if summary.get("finished") else "unfinished"
+    return bool(summary.get("finished")) and summary.get("rounds", 0) >= run.config.rounds
 
 
 def slots(runs: list[PlannedRun]) -> int:
@@ -134,7 +193,8 @@ class TableProgress:
 def execute(
     runs: list[PlannedRun], address: str | None, parallel: int | None, bars: bool = True
 ) -> list[tuple[PlannedRun, str]]:
-    """Run what is not finished; returns the runs that failed, each with its one-line error."""
+    """Run what is not finished; returns the runs that failed, each with its one-line error (the
+    others go on: a table is never lost to one run)."""
     from raysim.engine.ray_session import ray_session
 
     states = {run.name: run_state(run) for run in runs}
@@ -146,7 +206,12 @@ def execute(
         return []
     failures: list[tuple[PlannedRun, str]] = []
     with ray_session(todo[0].config.resources, address):
-        width = parallel or slots(todo)
+        fit = slots(todo)
+        width = min(parallel or fit, fit)
+        if parallel and parallel > fit:
+            print(
+                f"--parallel {parallel}: {fit} run(s) fit side by side on this cluster: running {fit}", file=sys.stderr
+            )
         progress = TableProgress(len(todo), width)
         if width > 1:
             progress.line(f"{len(todo)} runs, {width} side by side")
@@ -155,13 +220,27 @@ def execute(
             for run in todo:
                 one(run)
         else:
-            with ThreadPoolExecutor(max_workers=width) as pool:
-                list(pool.map(one, todo))
+            _side_by_side(one, todo, width)
     return failures
 
 
+def _side_by_side(one: Callable[[PlannedRun], None], todo: list[PlannedRun], width: int) -> None:
+    """`width` runs at a time in threads (each drives its own actors; the driver only waits). On
+    Ctrl-C the queued runs are dropped at once; the running ones stop when Ray shuts down."""
+    pool = ThreadPoolExecutor(max_workers=width)
+    futures = [pool.submit(one, run) for run in todo]
+    try:
+        for future in futures:
+            future.result()
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+
+
 def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar: bool) -> Callable[[PlannedRun], None]:
-    from raysim.runner import ProgressBar, new_run_dir, resume_config, run_experiment
+    from raysim.outputs.run_lock import unlock_run_dir
+    from raysim.runner import ProgressBar, failure_message, new_run_dir, run_experiment
 
     def one(run: PlannedRun) -> None:
         t0 = time.perf_counter()
@@ -171,24 +250,34 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
             callbacks.append(progress_bar)
         try:
             if states[run.name] == "unfinished":
-                config = resume_config(run.run_dir)
-                summary = run_experiment(config, run.run_dir, callbacks=callbacks)
+                # the table's config: the stored one but for settings that change no number (this
+                # command's resources, where the data lie) and, for a run extended, its rounds
+                summary = run_experiment(run.config, run.run_dir, callbacks=callbacks)
                 how = "resumed, "
             else:
                 run.run_dir.path.parent.mkdir(parents=True, exist_ok=True)
-                run_dir = new_run_dir(run.config, str(run.run_dir))
-                summary = run_experiment(run.config, run_dir, callbacks=callbacks)
+                summary = run_experiment(run.config, new_run_dir(run.config, str(run.run_dir)), callbacks=callbacks)
                 how = ""
-        except RaysimError as exc:
-            failures.append((run, user_message(exc)))
-            progress.finished(run, f"failed: {user_message(exc)}")
+        except Exception as exc:  # one run's failure is reported in one line; the table goes on
+            if isinstance(exc, RaysimError):
+                message = user_message(exc)
+            else:
+                message = failure_message(exc, run.run_dir)[0] or f"{type(exc).__name__}: {_first_line(exc)}"
+            failures.append((run, message))
+            progress.finished(run, f"failed: {message}")
             return
         finally:
             if progress_bar is not None:
                 progress_bar.close()
+            unlock_run_dir(run.run_dir)
         accuracy = summary.get("final_accuracy")
         shown = f"final accuracy {accuracy:.4f}" if accuracy is not None else "no accuracy"
         seconds = time.perf_counter() - t0
         progress.finished(run, f"{how}{shown}, {seconds / 60:.1f} min", seconds)
 
     return one
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"

@@ -11,7 +11,8 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
       fmnist_ck2:
         label: "FMNIST, C_k = 2"
         config: {cpu: dcfl/fmnist_ck2_cpu, paper: dcfl/fmnist_ck2}  # shipped config per scale
-        overrides: {rounds: 40}        # optional, dotted keys, at every scale
+        overrides: {rounds: 40}        # optional, dotted keys, at every scale ({cpu: {...}} for one scale)
+        method_config: {feddm: {cpu: feddm/fmnist_cpu}}  # optional: a method's own config of this cell
         paper: {fedavg: 74.3, dcfl: [85.1, 0.4]}                   # percent: mean or [mean, std]
     methods:
       fedavg: {label: FedAvg, algorithm: {name: fedavg}}  # `algorithm` replaces the config's section
@@ -19,9 +20,11 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
     orderings: ["dcfl > fedavg"]       # checked per cell and seed; default: the paper's best cell by cell
     minutes: {cpu: {fedavg: 1.5, dcfl: 4}}  # one run's wall time on the reference 2-core machine
 
-A run's config is the cell's config at the chosen scale, with the method's `algorithm` section (if
-it gives one) in place of the config's, then the cell's and the method's overrides, the seed, and
-`dataset.root` under the data folder. So the methods of a cell share everything but the algorithm.
+A run's config is the cell's config at the chosen scale (or the method's own config of the cell,
+where `method_config` names one: a method whose algorithm section differs between cells and scales,
+as FedDM's scaled-down settings do), with the method's `algorithm` section (if it gives one) in
+place of the config's, then the cell's and the method's overrides, the seed, and `dataset.root`
+under the data folder. The methods of a cell share everything but the algorithm (tested).
 """
 
 from __future__ import annotations
@@ -58,8 +61,9 @@ class Cell:
     name: str
     label: str
     configs: dict[str, str]  # scale -> shipped config name
-    overrides: dict[str, Any] = field(default_factory=dict)
+    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # scale -> dotted key -> value
     paper: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # method -> (mean, std) in %
+    method_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> scale -> config
 
 
 @dataclass
@@ -101,10 +105,10 @@ class Table:
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
                 f"(it has {', '.join(c.configs)}): choose --scale {' or '.join(c.configs)} or leave the cell out"
             )
-        tree = read_yaml(resolve(c.configs[scale]))
+        tree = read_yaml(resolve(c.method_configs.get(method, {}).get(scale, c.configs[scale])))
         if m.algorithm is not None:
             tree["algorithm"] = copy.deepcopy(m.algorithm)
-        for key, value in {**c.overrides, **m.overrides}.items():
+        for key, value in {**c.overrides.get(scale, {}), **m.overrides}.items():
             set_path(tree, key.split("."), copy.deepcopy(value))
         tree["seed"] = seed
         dataset = tree.setdefault("dataset", {})
@@ -130,6 +134,10 @@ def load_table(name_or_path: str | Path) -> Table:
     except yaml.YAMLError as exc:
         raise RaysimError(f"table file '{path}' is not valid YAML ({str(exc).splitlines()[0]}): fix it") from None
     return _parse(path, raw)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _parse(path: Path, raw: Any) -> Table:
@@ -161,14 +169,17 @@ def _parse(path: Path, raw: Any) -> Table:
             f"method {name}: 'algorithm' must be a section with a name",
         )
         overrides = spec.get("overrides") or {}
-        need(isinstance(overrides, dict), f"method {name}: overrides must map dotted keys to values")
+        need(
+            isinstance(overrides, dict) and all(isinstance(k, str) for k in overrides),
+            f"method {name}: overrides must map dotted keys to values",
+        )
         methods[str(name)] = Method(str(name), str(spec.get("label", name)), algorithm, overrides)
 
     cells = {}
     need(isinstance(raw.get("cells"), dict) and raw["cells"], "needs 'cells': name -> {label, config, paper}")
     for name, spec in raw["cells"].items():
         need(isinstance(spec, dict), f"cell {name} must be a mapping")
-        extra = set(spec) - {"label", "config", "overrides", "paper"}
+        extra = set(spec) - {"label", "config", "overrides", "paper", "method_config"}
         need(not extra, f"cell {name} has unknown key(s) {', '.join(sorted(extra))}")
         configs = spec.get("config")
         need(
@@ -176,17 +187,38 @@ def _parse(path: Path, raw: Any) -> Table:
             f"cell {name}: config must map a scale ({', '.join(SCALES)}) to a shipped config",
         )
         paper = {}
-        for method, figure in (spec.get("paper") or {}).items():
+        figures = spec.get("paper") or {}
+        need(isinstance(figures, dict), f"cell {name}: paper must map a method to its figure")
+        for method, figure in figures.items():
             need(method in methods, f"cell {name}: paper figure for unknown method {method}")
-            if isinstance(figure, list):
-                need(len(figure) == 2, f"cell {name}: paper figure of {method} is a number or [mean, std]")
-                paper[method] = (float(figure[0]), float(figure[1]))
-            else:
-                need(isinstance(figure, (int, float)), f"cell {name}: paper figure of {method} must be a number")
-                paper[method] = (float(figure), None)
+            numbers = figure if isinstance(figure, list) else [figure]
+            need(
+                len(numbers) in (1, 2) and all(_number(x) for x in numbers),
+                f"cell {name}: paper figure of {method} must be a number or [mean, std]",
+            )
+            paper[method] = (float(numbers[0]), float(numbers[1]) if len(numbers) == 2 else None)
         overrides = spec.get("overrides") or {}
         need(isinstance(overrides, dict), f"cell {name}: overrides must map dotted keys to values")
-        cells[str(name)] = Cell(str(name), str(spec.get("label", name)), dict(configs), overrides, paper)
+        if not (overrides and set(overrides) <= set(SCALES)):  # the same at every scale
+            overrides = {scale: overrides for scale in SCALES}
+        need(
+            all(isinstance(v, dict) and all(isinstance(k, str) for k in v) for v in overrides.values()),
+            f"cell {name}: overrides must map dotted keys to values (or a scale to such a mapping)",
+        )
+        own = spec.get("method_config") or {}
+        need(
+            isinstance(own, dict)
+            and all(m in methods and isinstance(v, dict) and set(v) <= set(configs) for m, v in own.items()),
+            f"cell {name}: method_config must map a method of the table to {{scale: config}} at the cell's scales",
+        )
+        cells[str(name)] = Cell(
+            str(name),
+            str(spec.get("label", name)),
+            dict(configs),
+            overrides,
+            paper,
+            {m: dict(v) for m, v in own.items()},
+        )
 
     orderings = []
     for text in raw.get("orderings") or []:
@@ -196,7 +228,14 @@ def _parse(path: Path, raw: Any) -> Table:
         need(a in methods and b in methods, f"ordering {text!r} names a method the table does not have")
         orderings.append((a, b))
     minutes = raw.get("minutes") or {}
-    need(isinstance(minutes, dict) and set(minutes) <= set(SCALES), "minutes must map a scale to method -> minutes")
+    need(
+        isinstance(minutes, dict)
+        and set(minutes) <= set(SCALES)
+        and all(
+            isinstance(v, dict) and all(m in methods and _number(x) for m, x in v.items()) for v in minutes.values()
+        ),
+        "minutes must map a scale to {method: minutes a run}",
+    )
     return Table(
         path.stem,
         raw["title"],

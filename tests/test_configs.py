@@ -1,0 +1,590 @@
+"""The shipped experiment configs (configs/, a link to raysim/configs/) are valid and carry their papers'
+settings: FedAF/FedDM (Wang et al., CVPR 2024), DynaFed (Pi et al., CVPR 2023, Sec. 6.1), DCFL (paper
+002: Table II grid, Table III targets) and FedHydra (Bai et al., KDD 2025, Sec. 4.1.5, Tables 1-10).
+
+Data-driven: tables of the files that must exist, of (configs, {dotted key: expected value}), of config
+pairs that must agree, and a few small rules that are not key=value. A config is named by its path
+under configs/ without .yaml ("fedaf/cifar10_alpha0.1"); a test id reads "config:key".
+
+Config validation only: no Ray, no data (dataset.root is overridden with a dummy path; the models are
+built for the dataset's image shape, which needs no data).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+import pytest
+import yaml
+from pytest import approx
+
+from raysim.algorithm import ModelSpec
+from raysim.config_loading import load_config
+from raysim.data.loading import DATASET_NAMES
+from raysim.errors import RaysimError
+from raysim.models import MODEL_NAMES
+from raysim.partition import PARTITION_KINDS
+from raysim.registry import algorithm_class
+from raysim.runner import check_models
+from raysim.sweep import load_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS_DIR = ROOT / "configs"
+# every experiment config: configs/*.yaml and configs/<folder>/*.yaml (sweeps and tables are not configs)
+CONFIGS = sorted(
+    p.relative_to(CONFIGS_DIR).with_suffix("").as_posix()
+    for p in [*CONFIGS_DIR.glob("*.yaml"), *CONFIGS_DIR.glob("*/*.yaml")]
+    if p.parent.name not in ("sweeps", "tables")
+)
+
+
+def path(name: str) -> Path:
+    return CONFIGS_DIR / f"{name}.yaml"
+
+
+def files(*globs: str, cpu: bool | None = None, but: str | None = None) -> list[str]:
+    """The configs matching a glob; cpu=False keeps the paper-scale ones, cpu=True the *_cpu ones; `but`
+    a glob to leave out."""
+    return [
+        n
+        for n in CONFIGS
+        if any(fnmatchcase(n, g) for g in globs)
+        and (cpu is None or n.endswith("_cpu") == cpu)
+        and not (but and fnmatchcase(n, but))
+    ]
+
+
+@functools.cache
+def load(name: str, overrides: tuple[str, ...] = ()):
+    """The validated config (cached: do not mutate it)."""
+    return load_config(path(name), ["dataset.root=/tmp", *overrides])
+
+
+@functools.cache
+def shipped(name: str) -> dict:
+    """The YAML as shipped, before defaults."""
+    return yaml.safe_load(path(name).read_text())
+
+
+def get(source, key: str):
+    """The value at a dotted key: 'model.width', 'algorithm.ipc', 'clients_per_round()'."""
+    for part in key.split(".") if key else []:
+        if part.endswith("()"):
+            source = getattr(source, part[:-2])()
+        elif isinstance(source, dict):
+            source = source[part]
+        else:
+            source = getattr(source, part)
+    return source
+
+
+# ------------------------------------------------------------------ files that must exist
+
+ALGOS = ("fedaf", "feddm")
+DATASETS = {"fmnist": "fashion_mnist", "cifar10": "cifar10", "cifar100": "cifar100"}  # FedAF file prefixes
+ALPHAS = ("0.02", "0.05", "0.1")
+MAIN = [f"{algo}/{key}_alpha{alpha}" for algo in ALGOS for key in DATASETS for alpha in ALPHAS]  # Table 1
+GAMMAS = ("0.2", "0.5", "0.8", "0.9", "1.0")  # Table 5
+DCFL_PAPER = [f"dcfl/{d}_{p}" for d in ("mnist", "fmnist", "svhn", "cifar10") for p in ("dir0.5", "dir0.1", "ck2")]
+HYDRA_DATASETS = {"mnist": "mnist", "fmnist": "fashion_mnist", "svhn": "svhn", "cifar10": "cifar10"}
+HYDRA_ALPHAS = ("0.5", "0.3", "0.1", "0.01")
+HYDRA_PAPER = [
+    *(f"{d}_alpha{a}" for d in HYDRA_DATASETS for a in HYDRA_ALPHAS),  # Table 1
+    *(f"{d}_2cc" for d in HYDRA_DATASETS),  # Table 2
+    *(f"{d}_hetero_alpha{a}" for d in ("cifar10", "svhn") for a in HYDRA_ALPHAS),  # Tables 3, 9
+    *(f"{d}_hetero_2cc" for d in ("cifar10", "svhn")),  # Table 10
+    *(f"{d}_{k}c" for d in ("svhn", "cifar10") for k in (5, 10, 20, 50, 100)),  # Tables 4, 7
+    *(f"{d}_rounds_T{t}" for d in ("cifar10", "svhn") for t in range(1, 6)),  # Tables 5, 8
+]
+
+# (what, the configs found, "exactly" / "at least" these names, or "some")
+FILE_SETS = [
+    (
+        "fedaf+feddm",
+        files("fedaf/*", "feddm/*"),
+        "at least",
+        {
+            *MAIN,
+            *(f"fedaf/cifar10_ipc{n}" for n in (10, 20, 50, 80, 100)),
+            *(f"fedaf/cifar10_gamma{g}" for g in GAMMAS),
+            *(f"{algo}/{n}" for algo in ALGOS for n in ("cifar10_resnet18", "domainnet")),
+        },
+    ),
+    ("fedaf_gamma_study", files("fedaf/cifar10_gamma*"), "exactly", {f"fedaf/cifar10_gamma{g}" for g in GAMMAS}),
+    ("dcfl_paper_scale", files("dcfl/*", cpu=False), "exactly", set(DCFL_PAPER)),
+    ("fedhydra_paper_scale", files("fedhydra/*", cpu=False), "exactly", {f"fedhydra/{n}" for n in HYDRA_PAPER}),
+    ("fedhydra_cpu", files("fedhydra/*", cpu=True), "some", set()),  # CPU-sized ones beside the paper-scale ones
+]
+
+
+@pytest.mark.parametrize("found, how, expected", [pytest.param(*row[1:], id=row[0]) for row in FILE_SETS])
+def test_the_expected_files_exist(found, how, expected):
+    if how == "exactly":
+        assert set(found) == expected
+    elif how == "at least":
+        assert expected <= set(found), sorted(expected - set(found))
+    else:
+        assert found
+
+
+# ------------------------------------------------------------------ every config
+
+RUN_SUFFIX = {"fedhydra": " "}  # the FedHydra commands always go on (algorithm.name=<method>)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_validates(name):
+    config = load(name)
+    assert config.dataset.name in DATASET_NAMES
+    assert config.model.name in MODEL_NAMES
+    assert config.partition.kind in PARTITION_KINDS
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_header_says_how_to_run_it(name):
+    text = path(name).read_text()
+    assert text.startswith("#"), "start with a comment saying what the file reproduces"
+    folder = name.rpartition("/")[0]
+    assert f"raysim run configs/{name}.yaml{RUN_SUFFIX.get(folder, '')}" in text
+
+
+# ------------------------------------------------------------------ settings: (configs, {dotted key: expected})
+# Expected values compare with ==, None and booleans with `is`; a function is called with the config
+# (a per-dataset value, or another key's); a "yaml:" key reads the file as shipped.
+
+
+def by_dataset(table: dict, i: int, close: bool = False):
+    return lambda config: approx(table[config.dataset.name][i]) if close else table[config.dataset.name][i]
+
+
+class OneOf:
+    def __init__(self, *values):
+        self.values = values
+
+    def __eq__(self, other):
+        return other in self.values
+
+    def __repr__(self):
+        return f"one of {self.values}"
+
+
+# FedAF's (lambda_loc, lambda_glob, image lr) per dataset (paper Sec. 5.1 and App. A)
+FEDAF_BY_DATASET = {
+    "fashion_mnist": (1e-3, 2.0, 0.2),
+    "cifar10": (1e-4, 1e-2, 1.0),
+    "cifar100": (1e-4, 1e-2, 0.1),
+    "domainnet": (1e-2, 0.1, 1.0),
+}
+# DynaFed: the authors' data.py normalises with fixed constants (FMNIST with MNIST's, CIFAR-100 with CIFAR-10's)
+CIFAR10_NORM = ([0.4914, 0.4822, 0.4465], [0.2023, 0.1994, 0.2010])
+DYNAFED_NORMALISATION = {
+    "fashion_mnist": ([0.1307], [0.3081]),
+    "cifar10": CIFAR10_NORM,
+    "cifar100": CIFAR10_NORM,
+    "cinic10": ([0.47889522, 0.47227842, 0.43047404], [0.24205776, 0.23828046, 0.25874835]),
+}
+
+
+def dynafed_finetune(config) -> tuple[int, float]:
+    """The authors' scripts' server fine-tuning (epochs, lr) per dataset (FMNIST/CIFAR-10: 15 epochs at 0.16)."""
+    fallback = (15 if config.partition.alpha == 0.16 else 20, 1e-4)
+    return {"cifar100": (8, 1e-4), "cinic10": (20, 2.5e-4)}.get(config.dataset.name, fallback)
+
+
+DCFL_BASES = ("fedavg", "fedprox", "fednova", "feddisco")
+DCFL_TABLE_III = {"dir0.5": [0.86, 0.87], "dir0.1": [0.66, 0.8], "ck2": [0.73, 0.78]}  # SVHN's eval.targets
+HYDRA_MODELS = {"mnist": "cnn2", "fmnist": "cnn2", "svhn": "cnn3", "cifar10": "cnn3"}  # Sec. 4.1.3
+HYDRA_HETERO = ["googlenet", "resnet18", "cnn3", "cnn2", "lenet"]  # M1..M5 of Tables 3, 9, 10
+# Sec. 4.1.5 and the authors' code (DENSE / Fed-SA): the same for every paper-scale file
+HYDRA_ALGORITHM = dict(
+    nz=256,
+    ngf=64,
+    generator_steps=30,
+    generator_lr=0.001,
+    synthesis_batch=256,
+    stratify_steps=20,
+    stratify_batch=256,
+    kd_batch=256,
+    kd_lr=0.01,
+    lambda1=1.0,
+    lambda2=1.0,
+)
+
+
+def hydra_file_name_settings(name: str) -> dict:
+    """What a paper-scale FedHydra file's name says: dataset, partition, clients, models, global rounds."""
+    stem = name.removeprefix("fedhydra/")
+    prefix = stem.split("_")[0]
+    t = int(re.search(r"_T(\d)$", stem).group(1)) if "_rounds_T" in stem else 1
+    clients = re.search(r"_(\d+)c$", stem)
+    settings = {
+        "dataset.name": HYDRA_DATASETS[prefix],
+        "clients.num": int(clients.group(1)) if clients else 5,
+        "local.epochs": 50 if "_rounds_T" in stem else 200,  # Appendix C.2: E = 50 for the global-round study
+        "algorithm.global_rounds": t,
+        "rounds": 201 * t,  # each global round: one client round + 200 distillation epochs
+    }
+    if stem.endswith("2cc"):  # 2c/c: 5 clients x 2 disjoint classes
+        settings |= {"partition.kind": "classes", "partition.classes_per_client": 2}
+    else:
+        alpha = re.search(r"alpha([\d.]+)$", stem)
+        alpha = float(alpha.group(1)) if alpha else (0.1 if "_rounds_T" in stem else 0.5)  # default 0.5
+        settings |= {"partition.kind": "dirichlet", "partition.alpha": approx(alpha), "partition.min_size": 10}
+    if "_hetero_" in stem:  # a ResNet18 server
+        return settings | {"model.name": "resnet18", "clients.models": HYDRA_HETERO}
+    return settings | {"model.name": HYDRA_MODELS[prefix], "clients.models": None}
+
+
+FEDAF_FEDDM_PAPER = files("fedaf/*", "feddm/*", cpu=False)
+DYNAFED_PAPER = files("dynafed/*", cpu=False)
+EXPECT: list[tuple[list[str], dict]] = [
+    *((files(f"{a}/*"), {"algorithm.name": a}) for a in ("fedaf", "feddm", "dynafed", "fedavg")),
+    # FedAF / FedDM: the papers use every client every round; paper scale (Sec. 5.1, App. A)
+    (files("fedaf/*", "feddm/*"), {"clients_per_round()": lambda config: config.clients.num}),
+    (
+        FEDAF_FEDDM_PAPER,
+        {
+            "yaml:dataset.root": None,  # ship dataset.root: null (the user sets it)
+            "algorithm.steps": approx(1000),
+            "algorithm.real_batch": approx(256),
+            "algorithm.server_epochs": approx(500),
+            "algorithm.server_batch": approx(256),
+            "algorithm.server_lr": approx(0.001),
+            "algorithm.server_momentum": approx(0.9),
+            "algorithm.init": "average",
+            "resources.actors": 4,
+            "resources.cpus_per_actor": 1,
+            "resources.gpus_per_actor": 0.2,
+            "resources.server_gpus": 0.2,
+        },
+    ),
+    (
+        files("fedaf/*", "feddm/*", cpu=False, but="*resnet18"),
+        {"model.name": "convnet", "model.width": 128, "model.depth": 3, "model.norm": "batchnorm"},
+    ),
+    (
+        files("fedaf/*", cpu=False),
+        {
+            "algorithm.lambda_loc": by_dataset(FEDAF_BY_DATASET, 0, close=True),
+            "algorithm.lambda_glob": by_dataset(FEDAF_BY_DATASET, 1, close=True),
+            "algorithm.image_lr": by_dataset(FEDAF_BY_DATASET, 2, close=True),
+            "algorithm.image_momentum": approx(0.9),
+        },
+    ),
+    (
+        files("feddm/*", cpu=False),
+        {"algorithm.rho": approx(5.0), "algorithm.clip_grad": approx(2.0), "algorithm.image_lr": approx(1.0)},
+    ),
+    # Table 1's grid; the IPC study; Table 5 ("ten rounds of FedAF on CIFAR10 with alpha=0.1")
+    (
+        MAIN,
+        {
+            "partition.kind": "dirichlet",
+            "clients.num": 10,
+            "clients_per_round()": 10,
+            "rounds": 20,
+            "model.name": "convnet",
+            "algorithm.ipc": 50,
+            "algorithm.steps": 1000,
+            "algorithm.server_epochs": 500,
+        },
+    ),
+    *(([n], {"dataset.name": DATASETS[n.split("/")[1].split("_")[0]]}) for n in MAIN),
+    *(([n], {"partition.alpha": approx(float(n.rpartition("alpha")[2]))}) for n in MAIN),
+    ([n for n in MAIN if n.startswith("fedaf/")], {"algorithm.gamma": approx(0.9)}),
+    (files("fedaf/cifar10_ipc*", "fedaf/cifar10_gamma*"), {"dataset.name": "cifar10", "partition.alpha": 0.1}),
+    (files("fedaf/cifar10_ipc*"), {"rounds": 20}),
+    *(([n], {"algorithm.ipc": int(n.rpartition("ipc")[2])}) for n in files("fedaf/cifar10_ipc*")),
+    (files("fedaf/cifar10_gamma*"), {"rounds": 10, "algorithm.ipc": 50}),
+    *(([n], {"algorithm.gamma": approx(float(n.rpartition("gamma")[2]))}) for n in files("fedaf/cifar10_gamma*")),
+    (
+        files("fedaf/cifar10_resnet18", "feddm/cifar10_resnet18"),
+        {"model.name": "resnet18", "dataset.name": "cifar10", "rounds": 20, "clients.num": 10, "algorithm.ipc": 50},
+    ),
+    (
+        files("fedaf/domainnet", "feddm/domainnet"),
+        {
+            "dataset.name": "domainnet",
+            "dataset.image_size": 64,
+            "partition.kind": "domain",
+            "clients.num": 6,
+            "clients_per_round()": 6,
+            "rounds": 10,
+            "algorithm.ipc": 20,
+            "algorithm.image_lr": approx(1.0),
+        },
+    ),
+    # DynaFed Sec. 6.1: 80 clients, 40% a round, L = 20, 1 local epoch and 200 rounds (the local-epoch
+    # study: 100 rounds of 5 epochs, 50 of 10); the authors' code: instance-norm ConvNet, one Adam per
+    # client kept across rounds, the whole D_syn in every unrolled step, their scripts' fine-tuning
+    (
+        DYNAFED_PAPER,
+        {
+            "clients.num": 80,
+            "clients.per_round": 0.4,
+            "algorithm.trajectory_rounds": 20,
+            "algorithm.iterations": 3000,
+            "algorithm.inner_steps": 20,
+            "local.optimizer": "adam",
+            "local.keep_optimizer": True,
+            "algorithm.syn_batch": 0,
+            # CIFAR-100's whole-set steps fit an 80 GB card only with one unrolled step's graph held at a time
+            "algorithm.recompute_steps": lambda config: config.dataset.name == "cifar100",
+            "algorithm.finetune_epochs": lambda config: dynafed_finetune(config)[0],
+            "algorithm.finetune_lr": lambda config: dynafed_finetune(config)[1],
+        },
+    ),
+    (files("dynafed/*", cpu=False, but="*_epochs*"), {"local.epochs": 1, "rounds": 200}),
+    (files("dynafed/*_epochs5"), {"local.epochs": 5, "rounds": 100}),
+    (files("dynafed/*_epochs10"), {"local.epochs": 10, "rounds": 50}),
+    (files("dynafed/*", cpu=False, but="*_mlp_*"), {"model.name": "convnet", "model.norm": "instancenorm"}),
+    (files("dynafed/*_mlp_*", cpu=False), {"model.name": "mlp"}),
+    (
+        files("dynafed/*"),
+        {"dataset.mean": by_dataset(DYNAFED_NORMALISATION, 0), "dataset.std": by_dataset(DYNAFED_NORMALISATION, 1)},
+    ),
+    (files("dynafed/*", cpu=True), {"local.keep_optimizer": True, "model.norm": OneOf("instancenorm", "batchnorm")}),
+    # DCFL Table II grid: 20 clients, 25% a round, IPC 10, the MLP on (F)MNIST, LeNet else; Table III's targets
+    *(
+        (
+            [n],
+            {
+                "clients.num": 20,
+                "clients.per_round": 0.25,
+                "algorithm.ipc": 10,
+                "model.name": "mlp" if n.startswith(("dcfl/mnist", "dcfl/fmnist")) else "lenet",
+                "eval.targets": DCFL_TABLE_III[n.rpartition("_")[2]] if n.startswith("dcfl/svhn") else [],
+            },
+        )
+        for n in DCFL_PAPER
+    ),
+    # FedHydra, paper scale: Sec. 4.1.5 and the setting the file name says
+    (
+        files("fedhydra/*", cpu=False),
+        {
+            "yaml:dataset.root": None,
+            "yaml:algorithm.name": "fedhydra",
+            **{f"algorithm.{k}": approx(v) for k, v in HYDRA_ALGORITHM.items()},
+            "local.batch_size": 128,
+            "local.lr": approx(0.01),
+            "local.momentum": approx(0.9),
+            "local.optimizer": "sgd",
+            "algorithm.cache_client_stage": True,
+            "seed": 0,
+            "resources.actors": None,  # sized to the cluster
+            "resources.in_process": False,
+        },
+    ),
+    *(([n], hydra_file_name_settings(n)) for n in files("fedhydra/*", cpu=False)),
+    (files("fedhydra/*", cpu=True), {"resources.gpus_per_actor": 0, "resources.server_gpus": 0}),
+]
+# DCFL: every file validates on each of the four bases, and as the plain base alone
+EXPECT_WITH_OVERRIDES: list[tuple[list[str], tuple[str, ...], dict]] = [
+    *((files("dcfl/*"), (f"algorithm.base={b}",), {"algorithm.base": b}) for b in DCFL_BASES),
+    (files("dcfl/*"), ("algorithm={name: fedprox}",), {"algorithm": {"name": "fedprox", "mu": 0.001}}),
+]
+
+
+def plain(expected):
+    return getattr(expected, "expected", expected)  # the value inside approx()
+
+
+def setting_rows() -> list:
+    """One test per (config, overrides, key); a key expected twice keeps each distinct expectation once."""
+    table: dict[tuple, list] = {}
+    for names, overrides, checks in [(n, (), c) for n, c in EXPECT] + EXPECT_WITH_OVERRIDES:
+        for name in names:
+            for dotted, expected in checks.items():
+                found = table.setdefault((name, overrides, dotted), [])
+                same = [i for i, e in enumerate(found) if not callable(e) and plain(e) == plain(expected)]
+                if callable(expected) or not same:
+                    found.append(expected)
+                elif plain(found[same[0]]) is not found[same[0]]:  # prefer an exact expectation to approx()
+                    found[same[0]] = expected
+    return [
+        pytest.param(name, overrides, dotted, expected, id=f"{'+'.join([name, *overrides])}:{dotted}")
+        for (name, overrides, dotted), expected in table.items()
+    ]
+
+
+@pytest.mark.parametrize("name, overrides, dotted, expectations", setting_rows())
+def test_setting(name, overrides, dotted, expectations):
+    if dotted.startswith("yaml:"):
+        config, actual = None, get(shipped(name), dotted.removeprefix("yaml:"))
+    else:
+        config = load(name, overrides)
+        actual = get(config, dotted)
+    for expected in expectations:
+        if callable(expected):
+            expected = expected(config)
+        if expected is None or isinstance(expected, bool):
+            assert actual is expected
+        else:
+            assert actual == expected
+
+
+# ------------------------------------------------------------------ pairs that agree: (a, b, key or "*" but ...)
+
+SAME: list[tuple[str, str, str, tuple[str, ...]]] = [
+    # The FedAvg vs FedDM vs FedAF CPU comparisons share seed, data, partition, clients, model and rounds;
+    # FedDM and FedAF also the condensation and server budget (the image lr is per paper)
+    *(
+        (f"fedavg/{n}", f"{algo}/{n}", k, ())
+        for n in ("cifar10_cpu", "fmnist_cpu", "cifar100_cpu")
+        for algo in ALGOS
+        for k in ("seed", "rounds", "dataset", "partition", "clients", "model")
+    ),
+    *(
+        (f"feddm/{n}", f"fedaf/{n}", f"algorithm.{k}", ())
+        for n in ("cifar10_cpu", "fmnist_cpu", "cifar100_cpu")
+        for k in ("ipc", "steps", "real_batch", "server_epochs", "server_batch", "server_lr")
+    ),
+    # DynaFed's CPU configs and their FedAvg comparisons: clients, partition, model, local training, rounds
+    *(
+        (a, b, k, ())
+        for a, b in [
+            ("dynafed/cifar10_cpu", "fedavg/cifar10_80c_cpu"),
+            ("dynafed/fmnist_mlp_cpu", "fedavg/fmnist_mlp_80c_cpu"),
+        ]
+        for k in ("seed", "rounds", "eval", "dataset", "partition", "clients", "model", "local")
+    ),
+    # each CPU DCFL config and its FedAvg comparison: everything but the algorithm
+    ("dcfl/fmnist_ck2_cpu", "fedavg/fmnist_ck2_20c_cpu", "*", ("algorithm",)),
+    ("dcfl/fmnist_dir0.1_cpu", "fedavg/fmnist_dir0.1_20c_cpu", "*", ("algorithm",)),
+    ("dcfl/fmnist_dir0.5_cpu", "fedavg/fmnist_dir0.5_20c_cpu", "*", ("algorithm",)),
+    ("dcfl/cifar10_ck2_cpu", "fedavg/cifar10_ck2_20c_cpu", "*", ("algorithm",)),
+    # FedHydra: Table 1 and the client study share their five-client setting; the global-round series
+    # differs only in T
+    *((f"fedhydra/{d}_alpha0.5", f"fedhydra/{d}_5c", "*", ()) for d in ("svhn", "cifar10")),
+    *(
+        (f"fedhydra/{d}_rounds_T1", f"fedhydra/{d}_rounds_T{t}", "*", ("rounds", "algorithm.global_rounds"))
+        for d in ("cifar10", "svhn")
+        for t in range(2, 6)
+    ),
+]
+
+
+def without(tree: dict, dotted_keys) -> dict:
+    for dotted in dotted_keys:
+        *parents, last = dotted.split(".")
+        get(tree, ".".join(parents)).pop(last)
+    return tree
+
+
+@pytest.mark.parametrize(
+    "a, b, dotted, ignoring",
+    [pytest.param(*row, id=f"{row[0]}={row[1]}:{row[2]}{''.join('-' + k for k in row[3])}") for row in SAME],
+)
+def test_pair_agrees(a, b, dotted, ignoring):
+    if dotted == "*":
+        assert without(load(a).to_dict(), ignoring) == without(load(b).to_dict(), ignoring)
+    else:
+        assert get(load(a), dotted) == get(load(b), dotted)
+
+
+# ------------------------------------------------------------------ FedHydra rules
+
+HYDRA_METHODS = ("fedavg_oneshot", "ot_fusion", "feddf", "dense", "coboosting", "fedhydra")
+DISTILLATION = ("feddf", "dense", "coboosting", "fedhydra")  # the methods that take one model per client
+# (channels, image size, classes) of the datasets, to build the models without the data
+SHAPES = {
+    "embedded": (1, 28, 10),
+    "mnist": (1, 28, 10),
+    "fashion_mnist": (1, 28, 10),
+    "svhn": (3, 32, 10),
+    "cifar10": (3, 32, 10),
+    "cifar100": (3, 32, 100),
+    "cinic10": (3, 32, 10),
+}
+TABLE_6 = [(1.0, 1.0), (0.5, 1.0), (0.0, 1.0), (1.0, 0.5), (1.0, 0.0), (0.0, 0.0)]  # its (lambda1, lambda2)
+
+
+def header_methods(name: str) -> list[str]:
+    """The methods the header's '#   methods: ...' line names ([] without one)."""
+    found = re.search(r"^#\s*methods:\s*([a-z_ ]+)", path(name).read_text(), re.M)
+    return found.group(1).split() if found else []
+
+
+def heterogeneous(name: str) -> bool:
+    return (shipped(name).get("clients") or {}).get("models") is not None
+
+
+def spec(config) -> ModelSpec:
+    channels, size, classes = SHAPES[config.dataset.name]
+    return ModelSpec(config, in_channels=channels, num_classes=classes, image_size=size)
+
+
+@pytest.mark.parametrize("name", files("fedhydra/*"))
+def test_fedhydra_header_names_the_methods_to_run(name):
+    methods = header_methods(name)
+    assert methods, "the header names the methods to run ('#   methods: ...')"
+    # FedAvg one-shot and OT fusion combine weights: not with one architecture per client
+    assert methods == list(DISTILLATION if heterogeneous(name) else HYDRA_METHODS)
+
+
+@pytest.mark.parametrize(
+    "name, method", [pytest.param(n, m, id=f"{n}:{m}") for n in files("fedhydra/*") for m in header_methods(n)]
+)
+def test_fedhydra_config_validates_with_every_method_its_header_names(name, method):
+    config = load(name, (f"algorithm.name={method}",))
+    assert config.algorithm["name"] == method
+    assert config.clients_per_round() == config.clients.num  # one-shot: every client uploads
+    assert config.rounds % config.algorithm["global_rounds"] == 0
+    # the method takes one model per client where the file gives them (what check_models checks)
+    assert algorithm_class(method).supports_client_models or not spec(config).heterogeneous
+
+
+_BUILT: set[tuple] = set()
+
+
+@pytest.mark.parametrize("name", files("fedhydra/*"))
+def test_every_fedhydra_architecture_builds_for_the_dataset(name):
+    config = load(name)
+    model_spec = spec(config)
+    built = (config.dataset.name, *sorted({a.describe() for a in [config.model, *model_spec.architectures]}))
+    if built not in _BUILT:  # building GoogLeNet and ResNet18 takes a second: once per set of models
+        check_models(model_spec)
+        _BUILT.add(built)
+
+
+@pytest.mark.parametrize("name", files("fedhydra/*_hetero_*", cpu=False))
+def test_fedhydra_heterogeneous_clients_are_m1_to_m5(name):
+    assert [a.name for a in spec(load(name)).architectures] == HYDRA_HETERO
+
+
+def test_weight_combining_methods_refuse_heterogeneous_configs():
+    hetero = [n for n in files("fedhydra/*") if heterogeneous(n)]
+    assert hetero
+    for method in ("fedavg_oneshot", "ot_fusion"):
+        assert not algorithm_class(method).supports_client_models
+        with pytest.raises(RaysimError, match="needs every client to have the server's model"):
+            check_models(spec(load(hetero[0], (f"algorithm.name={method}",))))
+
+
+@pytest.mark.parametrize("name", files("fedhydra/*", cpu=False))
+def test_fedhydra_paper_scale_fits_five_clients_and_the_server_on_one_gpu(name):
+    res = load(name).resources
+    assert res.gpus_per_actor > 0 and res.server_gpus > 0
+    assert 5 * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9
+
+
+def test_fedhydra_lambda_sweep_covers_table_6():
+    sweep = load_sweep(CONFIGS_DIR / "sweeps/fedhydra_lambdas.yaml")
+    assert sweep.base.resolve() == path("fedhydra/cifar10_alpha0.5").resolve()
+    assert set(sweep.space) == {"algorithm.lambda1", "algorithm.lambda2"}
+    grid1, grid2 = (sweep.space[k]["grid"] for k in ("algorithm.lambda1", "algorithm.lambda2"))
+    assert {(a, b) for a in grid1 for b in grid2} >= set(TABLE_6)
+    assert sweep.grid_size() == len(grid1) * len(grid2) == 9
+    assert sweep.scheduler is None  # every pair runs its full 200 distillation epochs
+    for l1, l2 in TABLE_6:
+        config = sweep.trial_config({"algorithm.lambda1": l1, "algorithm.lambda2": l2})
+        alg = config.algorithm
+        assert (alg["name"], alg["lambda1"], alg["lambda2"]) == ("fedhydra", l1, l2)
+        assert (config.dataset.name, config.partition.alpha, config.clients.num) == ("cifar10", 0.5, 5)
+        res = config.resources
+        assert res.actors * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9  # one trial, one GPU
+    text = (CONFIGS_DIR / "sweeps/fedhydra_lambdas.yaml").read_text()
+    assert "raysim tune configs/sweeps/fedhydra_lambdas.yaml" in text
