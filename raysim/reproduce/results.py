@@ -65,11 +65,17 @@ def one_decimal(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def ordering_rows(table: Table, measured: dict[tuple[str, str], Measured], cells: list[str]) -> list[dict[str, Any]]:
+def ordering_rows(
+    table: Table, measured: dict[tuple[str, str], Measured], cells: list[str], methods: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The paper's orderings in each cell, between methods that were run (all of the table's if
+    `methods` is None)."""
     rows = []
     for cell_name in cells:
         cell = table.cells[cell_name]
         for a, b in table.cell_orderings(cell):
+            if methods is not None and (a not in methods or b not in methods):
+                continue
             one = measured.get((cell_name, a), Measured([], [], [])).by_seed(table.metric)
             two = measured.get((cell_name, b), Measured([], [], [])).by_seed(table.metric)
             both = sorted(set(one) & set(two))
@@ -121,7 +127,7 @@ def write_outputs(
 
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)
-    orderings = ordering_rows(table, measured, cells)
+    orderings = ordering_rows(table, measured, cells, methods)
     write_text(out / "table.md", markdown(table, scale, rows, orderings))
     write_text(out / "table.csv", as_csv(table, scale, rows, orderings))
     written = [out / "table.md", out / "table.csv"]
