@@ -14,7 +14,7 @@ import time
 
 from raysim.reproduce.table_file import Table
 
-REFERENCE_SECONDS = 0.30  # calibrate() on the reference 2-core machine (the least of 5), 2026-11-27
+REFERENCE_SECONDS = 0.12  # calibrate() on the reference 2-core machine, idle (the least of 5), 2026-11-27
 REFERENCE_CORES = 2
 
 
