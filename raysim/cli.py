@@ -83,6 +83,8 @@ def _new_config(name: str, overrides: list[str]):
         from raysim.reproduce import load_table, selection
 
         table = load_table(parts[0])
+        if "," in parts[1] or "," in parts[2]:
+            raise RaysimError(f"'{name}': raysim run takes one cell and one method (raysim reproduce runs several)")
         cell = selection(table, parts[1], table.cells, "cell")[0]
         method = selection(table, parts[2], table.methods, "method")[0]
         scale = parts[3] if len(parts) == 4 else "cpu"

@@ -227,6 +227,8 @@ def test_a_run_of_a_table_cell_by_name(monkeypatch):
     assert paper.rounds == 100 and paper.algorithm["name"] == "fedavg"
     with pytest.raises(RaysimError, match="no cell nosuch"):
         _new_config("dcfl_table2:nosuch:dcfl", [])
+    with pytest.raises(RaysimError, match="takes one cell and one method"):
+        _new_config("dcfl_table2:fmnist_ck2,mnist_ck2:dcfl", [])
 
 
 def test_summary_of_a_finished_run_is_read_through_the_run_directory(tmp_path):
