@@ -15,3 +15,9 @@ def user_message(exc: BaseException) -> str:
     while isinstance(getattr(exc, "cause", None), BaseException):
         exc = exc.cause
     return str(exc)
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -17,7 +17,7 @@ from raysim.config import Config, dump_config
 from raysim.config_loading import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
@@ -368,9 +368,8 @@ def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
         # the server refused the run while starting (e.g. an algorithm's data are missing): Ray keeps
         # only the creation task's traceback as text, whose last RaysimError line is the message
         return raised[1].strip().splitlines()[0], True
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return (
-        f"Ray failed during the run ({type(exc).__name__}: {first}); finished rounds are kept: "
+        f"Ray failed during the run ({type(exc).__name__}: {first_line(exc)}); finished rounds are kept: "
         f"continue with 'raysim run --resume {run_dir}'"
     ), False
 

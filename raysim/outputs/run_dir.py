@@ -121,8 +121,7 @@ class RunDir:
 
         entries = []
         for i, info in enumerate(actor_info):
-            entry = {key: info[key] for key in ("node_id", "device", "gpu_ids", "clients")}
-            entry = {"actor": i, **entry}
+            entry = {"actor": i, **{key: info[key] for key in ("node_id", "device", "gpu_ids", "clients")}}
             if per_client_models:
                 entry["models"] = info["models"]
             entries.append(entry)

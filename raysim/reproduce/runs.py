@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from raysim.config import Config
-from raysim.errors import RaysimError, user_message
+from raysim.errors import RaysimError, first_line, user_message
 from raysim.outputs.run_dir import RunDir
 from raysim.reproduce.table_file import Table
 
@@ -94,17 +94,6 @@ NEUTRAL_KEYS = {
 }
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"a": {"b": 1}} -> {"a.b": 1}."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def run_state(run: PlannedRun) -> str:
     """'finished', 'unfinished' (started: resumed from its checkpoint, or extended to more rounds)
     or 'new'. A run directory holding another config than the table's is refused in one line (its
@@ -122,6 +111,8 @@ def run_state(run: PlannedRun) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
+    from raysim.report import flatten
+
     stored, wanted = flatten(stored), flatten(run.config.to_dict())
     differing = sorted(k for k in set(stored) | set(wanted) if k not in NEUTRAL_KEYS and stored.get(k) != wanted.get(k))
     shorter = differing == ["rounds"] and isinstance(stored["rounds"], int) and stored["rounds"] < wanted["rounds"]
@@ -262,7 +253,7 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
             if isinstance(exc, RaysimError):
                 message = user_message(exc)
             else:
-                message = failure_message(exc, run.run_dir)[0] or f"{type(exc).__name__}: {_first_line(exc)}"
+                message = failure_message(exc, run.run_dir)[0] or f"{type(exc).__name__}: {first_line(exc)}"
             failures.append((run, message))
             progress.finished(run, f"failed: {message}")
             return
@@ -276,8 +267,3 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
         progress.finished(run, f"{how}{shown}, {seconds / 60:.1f} min", seconds)
 
     return one
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "no message"
