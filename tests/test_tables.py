@@ -141,8 +141,10 @@ def test_a_cell_without_the_scale_asked_for_is_refused(tmp_path):
 
 def test_a_cell_reading_real_data_without_a_data_root_is_refused_before_anything_runs(tmp_path):
     table = load_table("dcfl_table2")
-    with pytest.raises(RaysimError, match="reads fashion_mnist: give --data-root DIR"):
+    with pytest.raises(RaysimError, match="reads fashion_mnist and no data folder was given: give --data-root DIR"):
         plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, None)
+    with pytest.raises(RaysimError, match="reads fashion_mnist and there is no /nonexistent/data/fashion_mnist"):
+        plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, DATA)
 
 
 def fake_run(run: PlannedRun, accuracy: float, finished: bool = True) -> None:

@@ -81,11 +81,11 @@ def reproduce(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise RaysimError(f"--out '{out}' is a file: give a new or existing folder for the table's runs")
-    try:
+    data_root = data_root or os.environ.get("RAYSIM_DATA")
+    runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
+    try:  # once every run's config is valid: a refused table leaves no folder behind
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None
-    data_root = data_root or os.environ.get("RAYSIM_DATA")
-    runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
     failures = execute(runs, address, parallel, bars)
     return write_outputs(table, scale, runs, out, available, method_names), failures

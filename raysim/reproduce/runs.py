@@ -66,10 +66,11 @@ def plan_runs(
                 for key_path, value in parsed:
                     set_path(tree, key_path, value)
                 dataset = tree.get("dataset") or {}
-                if dataset.get("name", "embedded") != "embedded" and not dataset.get("root"):
+                if dataset.get("name", "embedded") != "embedded" and not Path(str(dataset.get("root"))).is_dir():
+                    where = f"there is no {dataset['root']}" if dataset.get("root") else "no data folder was given"
                     raise RaysimError(
-                        f"table {table.name}, cell {cell} reads {dataset['name']}: give --data-root DIR, the "
-                        f"folder holding {dataset['name']}/ (or set RAYSIM_DATA)"
+                        f"table {table.name}, cell {cell} reads {dataset['name']} and {where}: give --data-root "
+                        f"DIR, the folder holding {dataset['name']}/ (or set RAYSIM_DATA)"
                     )
                 try:
                     config = config_from_dict(tree)
