@@ -226,8 +226,13 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 
 def _cmd_configs(args: argparse.Namespace) -> int:
-    from raysim.shipped_configs import list_configs
+    from raysim.config import dump_config
+    from raysim.config_loading import load_config
+    from raysim.shipped_configs import list_configs, resolve
 
+    if args.config:  # the whole config a run would use: its extends: chain, the overrides and the defaults
+        print(dump_config(load_config(resolve(args.config), args.overrides)), end="")
+        return 0
     rows = list_configs()
     width = max(len(name) for name, _ in rows)
     for name, text in rows:
@@ -344,9 +349,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
-    sub.add_parser("configs", help="list the shipped configs (raysim run NAME runs one from any folder)").set_defaults(
-        func=_cmd_configs
+    configs = sub.add_parser(
+        "configs", help="list the shipped configs (raysim run NAME runs one from any folder), or print one whole"
     )
+    configs.add_argument("config", nargs="?", help="print this config whole: its base's keys and the defaults too")
+    configs.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    configs.set_defaults(func=_cmd_configs)
 
     tune = sub.add_parser("tune", help="a Ray Tune sweep over config keys (see configs/sweeps/)")
     tune.add_argument("sweep", nargs="?", help="sweep YAML (e.g. configs/sweeps/cpu.yaml)")

@@ -285,8 +285,74 @@ def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+EXTENDS_KEY = "extends"
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+    """A config file's tree, with its `extends:` chain merged in.
+
+    `extends: base.yaml` names another config (a path relative to this file's folder, or a shipped
+    config's name such as `fedaf/cifar10_cpu`); this file's keys are laid over that tree section by
+    section (`merge_trees`), except that an `algorithm:` naming another algorithm replaces the base's
+    algorithm section whole (its parameters belong to the other algorithm). This is how the shipped
+    configs of a family share their base, and how a user's file changes a shipped cell.
+    """
+    return _read_extending(Path(path), ())
+
+
+def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`: sections merge key by key, any other value (lists too) replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_trees(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    data = _read_one_yaml(path)
+    if EXTENDS_KEY not in data:
+        return data
+    target = data.pop(EXTENDS_KEY)
+    base_path = _extended_file(path, target)
+    if base_path.resolve() in chain or base_path.resolve() == path.resolve():
+        loop = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path.resolve()))
+        raise RaysimError(f"config file '{path}' extends itself through {loop}: break the loop of 'extends:'")
+    base = _read_extending(base_path, (*chain, path.resolve()))
+    if _algorithm_name(data) not in (None, _algorithm_name(base)):
+        base.pop("algorithm", None)  # another algorithm: the base's algorithm parameters do not apply
+    return merge_trees(base, data)
+
+
+def _algorithm_name(tree: dict[str, Any]) -> Any:
+    section = tree.get("algorithm")
+    return section.get("name") if isinstance(section, dict) else None
+
+
+def _extended_file(path: Path, target: Any) -> Path:
+    """The file an `extends:` value names: relative to the extending file, else a shipped config."""
+    from raysim.shipped_configs import ROOT as SHIPPED_ROOT
+
+    if not isinstance(target, str) or not target:
+        raise RaysimError(
+            f"config file '{path}': 'extends' must name a config file (e.g. extends: base.yaml), got {target!r}"
+        )
+    beside = path.parent / target
+    if beside.is_file():
+        return beside
+    name = target.removesuffix(".yaml")
+    shipped = (SHIPPED_ROOT / f"{name}.yaml").resolve()
+    if shipped.is_relative_to(SHIPPED_ROOT) and shipped.is_file():
+        return shipped
+    raise RaysimError(
+        f"config file '{path}' extends '{target}', which is neither a file beside it nor a shipped "
+        "config: fix the 'extends:' line (list shipped configs with 'raysim configs')"
+    )
+
+
+def _read_one_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RaysimError(
             f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"

@@ -22,6 +22,7 @@ import yaml
 from pytest import approx
 
 from raysim.algorithm import ModelSpec
+from raysim.config import read_yaml
 from raysim.config_loading import load_config
 from raysim.data.loading import DATASET_NAMES
 from raysim.errors import RaysimError
@@ -52,6 +53,7 @@ def files(*globs: str, cpu: bool | None = None, but: str | None = None) -> list[
         n
         for n in CONFIGS
         if any(fnmatchcase(n, g) for g in globs)
+        and not is_base(n)
         and (cpu is None or n.endswith("_cpu") == cpu)
         and not (but and fnmatchcase(n, but))
     ]
@@ -63,10 +65,15 @@ def load(name: str, overrides: tuple[str, ...] = ()):
     return load_config(path(name), ["dataset.root=/tmp", *overrides])
 
 
+def is_base(name: str) -> bool:
+    """A family's base config (base.yaml, base_cpu.yaml), which the cells extend."""
+    return name.rpartition("/")[2] in ("base", "base_cpu")
+
+
 @functools.cache
 def shipped(name: str) -> dict:
-    """The YAML as shipped, before defaults."""
-    return yaml.safe_load(path(name).read_text())
+    """The YAML as shipped with its `extends:` chain merged in, before defaults."""
+    return read_yaml(path(name))
 
 
 def get(source, key: str):
@@ -588,3 +595,46 @@ def test_fedhydra_lambda_sweep_covers_table_6():
         assert res.actors * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9  # one trial, one GPU
     text = (CONFIGS_DIR / "sweeps/fedhydra_lambdas.yaml").read_text()
     assert "raysim tune configs/sweeps/fedhydra_lambdas.yaml" in text
+
+
+# ------------------------------------------------------------------ bases: a family's cells extend its base
+
+FAMILIES_WITH_BASES = sorted({n.rpartition("/")[0] for n in CONFIGS if is_base(n)})
+
+
+def own_keys(name: str) -> dict:
+    """The file's own dotted keys and values (its `extends:` chain left out)."""
+    tree = yaml.safe_load(path(name).read_text())
+    tree.pop("extends", None)
+    return {
+        f"{top}.{key}" if isinstance(section, dict) else top: value
+        for top, section in tree.items()
+        for key, value in (section.items() if isinstance(section, dict) else [(None, section)])
+    }
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if n.rpartition("/")[0] in FAMILIES_WITH_BASES])
+def test_cell_extends_its_family_base_and_repeats_none_of_it(name):
+    """Every config of a family with a base extends base.yaml (paper scale) or base_cpu.yaml (2-core
+    scale, itself over base.yaml where the family has one), and sets no key to the value it would get
+    from there anyway: a setting shared by the family lives in one file."""
+    folder, _, stem = name.rpartition("/")
+    text = yaml.safe_load(path(name).read_text())
+    expected = {"base": None, "base_cpu": "base.yaml" if (CONFIGS_DIR / folder / "base.yaml").is_file() else None}.get(
+        stem, "base_cpu.yaml" if stem.endswith("_cpu") else "base.yaml"
+    )
+    assert text.get("extends") == expected
+    if expected is None:
+        return
+    inherited = read_yaml(CONFIGS_DIR / folder / expected)
+    repeated = [k for k, v in own_keys(name).items() if _inherited(inherited, k) == (v,)]
+    assert not repeated, f"{name} repeats {repeated} from {folder}/{expected}: drop them"
+
+
+def _inherited(tree: dict, dotted: str) -> tuple:
+    """(value,) at a dotted key of a tree, () where it is not set."""
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return ()
+        tree = tree[part]
+    return (tree,)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,8 @@ def test_smoke_table_is_written_beside_the_papers_figures(smoke):
     assert "| cell | method | paper | final | last-5 | best |" in table
     assert "| FMNIST sample, Dir(0.5) | FedAvg | 87.2 +- 0.3 |" in table
     assert "fedprox > fedavg | 87.58 vs 87.19 | yes |" in table and " of 2 seeds |" in table
+    rounds = re.findall(r"^\| FMNIST sample, Dir\(0.5\) \| (\w+) \| 0.5 \|  \| (.+) \|$", table, re.M)
+    assert [m for m, _ in rounds] == ["FedAvg", "FedProx"] and all(r != "-" for _, r in rounds), rounds
     for run in ("fedavg/s0", "fedavg/s1", "fedprox/s0", "fedprox/s1"):
         assert RunDir(out / "fmnist_dir0.5" / run).read_summary()["finished"]
     rows = measured(out)

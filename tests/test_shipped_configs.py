@@ -132,3 +132,76 @@ def test_every_shipped_config_is_package_data():
     missing = [f for f in files if not any(_glob_match(f, pattern) for pattern in patterns)]
     assert not missing, f"not declared in pyproject.toml's package-data: {missing}"
     assert not _glob_match("configs/a/b.yaml", "configs/*.yaml")  # the matcher is not fnmatch's '*'
+
+
+# ------------------------------------------------------------------ extends: a config over another
+
+
+def test_a_users_file_extends_a_shipped_cell_and_changes_one_key(tmp_path, monkeypatch):
+    from raysim.config_loading import load_config
+
+    monkeypatch.chdir(tmp_path)
+    Path("mine.yaml").write_text("extends: fedaf/cifar10_cpu\nrounds: 2\nalgorithm: {ipc: 5}\n")
+    mine, shipped = load_config("mine.yaml").to_dict(), load_config(resolve("fedaf/cifar10_cpu")).to_dict()
+    assert mine["rounds"] == 2 and mine["algorithm"]["ipc"] == 5
+    mine.update(rounds=shipped["rounds"]), mine["algorithm"].update(ipc=shipped["algorithm"]["ipc"])
+    assert mine == shipped  # every other key as the shipped cell's, through its base_cpu.yaml and base.yaml
+
+
+def test_extends_another_algorithm_replaces_the_algorithm_section(tmp_path):
+    from raysim.config_loading import load_config
+
+    (tmp_path / "fedavg_here.yaml").write_text("extends: fedaf/cifar10_cpu\nalgorithm: {name: fedavg}\n")
+    config = load_config(tmp_path / "fedavg_here.yaml")
+    assert config.algorithm["name"] == "fedavg" and config.dataset.name == "cifar10"  # FedAF's keys did not follow
+
+
+def test_extends_a_file_beside_it_first_and_merges_section_by_section(tmp_path):
+    from raysim.config import read_yaml
+
+    (tmp_path / "quickstart.yaml").write_text("rounds: 7\nlocal: {epochs: 3, lr: 0.1}\nclients: {models: [lenet]}\n")
+    (tmp_path / "child.yaml").write_text("extends: quickstart.yaml\nlocal: {lr: 0.5}\nclients: {models: [mlp]}\n")
+    tree = read_yaml(tmp_path / "child.yaml")
+    assert tree == {"rounds": 7, "local": {"epochs": 3, "lr": 0.5}, "clients": {"models": ["mlp"]}}
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "extends: a.yaml\n"}, "extends itself through"),
+        ({"a.yaml": "extends: a.yaml\n"}, "extends itself through"),
+        ({"a.yaml": "extends: nosuch.yaml\n"}, "neither a file beside it nor a shipped config"),
+        ({"a.yaml": "extends: [base.yaml]\n"}, "'extends' must name a config file"),
+        ({"a.yaml": "extends: b.yaml\n", "b.yaml": "rounds: [\n"}, "not valid YAML"),
+    ],
+)
+def test_a_broken_extends_is_one_error_naming_the_fix(tmp_path, files, message):
+    from raysim.config import read_yaml
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(RaysimError, match=message) as raised:
+        read_yaml(tmp_path / "a.yaml")
+    assert "\n" not in str(raised.value)
+
+
+def test_a_broken_extends_through_the_cli_is_one_line_and_exit_2(tmp_path, capsys):
+    from raysim.cli import main
+
+    (tmp_path / "a.yaml").write_text("extends: nosuch\n")
+    assert main(["run", str(tmp_path / "a.yaml"), "--out", str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "extends 'nosuch'" in lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_raysim_configs_name_prints_the_whole_config_a_run_would_use(capsys):
+    import yaml
+
+    from raysim.cli import main
+
+    assert main(["configs", "fedaf/cifar10_cpu", "rounds=3"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["rounds"] == 3 and printed["dataset"]["name"] == "cifar10"  # the file and the override
+    assert printed["model"]["width"] == 32 and printed["algorithm"]["server_batch"] == 256  # base_cpu, base
+    assert printed["eval"]["every"] == 1  # a default no file sets

@@ -4,6 +4,8 @@ selections, orderings, refusals) works. No Ray: the end-to-end runs are in test_
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -14,7 +16,7 @@ from raysim.config import dump_config
 from raysim.errors import RaysimError
 from raysim.outputs.run_dir import RunDir
 from raysim.reproduce import list_tables, load_table, parse_seeds, selection
-from raysim.reproduce.results import collect, markdown, method_rows, ordering_rows
+from raysim.reproduce.results import as_csv, collect, markdown, method_rows, ordering_rows, rounds_rows
 from raysim.reproduce.runs import PlannedRun, plan_runs, run_state
 from raysim.reproduce.table_file import TABLES_DIR
 
@@ -53,6 +55,24 @@ def test_paper_figures_are_percentages_and_orderings_name_methods_with_figures()
             for mean, std in cell.paper.values():
                 assert 0 < mean <= 100 and (std is None or 0 <= std < 50), (table.name, cell.name)
         assert table.report.startswith("experiments/") and (Path(__file__).parents[1] / table.report).is_file()
+
+
+@pytest.mark.parametrize(
+    "name, cell, scale",
+    [(t.name, c.name, s) for t in list_tables() for c in t.cells.values() if c.paper_rounds for s in c.configs],
+)
+def test_every_target_the_paper_counts_rounds_to_is_one_the_runs_report(name, cell, scale):
+    table = load_table(name)
+    for method in table.methods:
+        config = table.config(cell, method, scale, 0, DATA)
+        targets = {str(float(t)) for t in config.eval.targets}
+        assert {t for figures in table.cells[cell].paper_rounds.values() for t in figures} <= targets, method
+
+
+def test_the_dcfl_table_iii_carries_its_rounds():
+    cell = load_table("dcfl_table3").cells["svhn_dir0.1"]
+    assert cell.paper_rounds["fedprox"] == {"0.66": 11, "0.8": 91} and cell.paper_rounds["fedavg"]["0.8"] is None
+    assert cell.paper["dcfl_fednova"] == (86.31, None)
 
 
 def test_the_dcfl_table_carries_table_ii():
@@ -119,6 +139,8 @@ methods:
         (("title: t", "title: t\nmetric: accuracy"), "metric must be one of"),
         (("two: [60, 1]", "two: [60, a]"), "paper figure of two must be a number or [mean, std]"),
         (("title: t", "title: t\nminutes: {cpu: 5}"), "minutes must map a scale to {method: minutes a run}"),
+        (("paper: {one: 50", "paper_rounds: {one: {80: 3}}, paper: {one: 50"), "paper_rounds must map a method"),
+        (("paper: {one: 50", "paper_rounds: {one: {0.8: 0}}, paper: {one: 50"), "paper_rounds must map a method"),
     ],
 )
 def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, words):
@@ -189,6 +211,28 @@ def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
     text = markdown(table, "cpu", list(rows.values()), [ordering])
     assert "| a | one | 50.0 | 59.0 +- 10.0 | 60.0 +- 10.0 | 61.0 +- 10.0 |" in text
     assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
+
+
+def test_rounds_to_a_target_sit_beside_the_papers(tmp_path):
+    text = GOOD.replace("paper: {one: 50", "paper_rounds: {one: {0.5: 4, 0.9: null}}, paper: {one: 50")
+    table = load_table(write_table(tmp_path, text))
+    runs = plan_runs(table, "cpu", [0, 1, 2], ["a"], ["one"], tmp_path / "out", None)
+    reached = [{"0.5": 3, "0.9": None}, {"0.5": 5, "0.9": None}, {"0.5": 4, "0.9": 5}]
+    for run, rounds in zip(runs, reached):
+        fake_run(run, 0.6)
+        run.run_dir.write_summary({**run.run_dir.read_summary(), "rounds_to_accuracy": rounds})
+    measured = collect(runs)
+    rows = rounds_rows(table, measured, ["a"], ["one"])
+    assert [(r["target"], r["paper_rounds"], r["rounds"], r["reached"]) for r in rows] == [
+        ("0.5", "4", "4.0 +- 1.0", 3),
+        ("0.9", "-", f">{runs[0].config.rounds} (1/3)", 1),
+    ]
+    text = markdown(table, "cpu", method_rows(table, measured, ["a"], ["one"]), [], rows)
+    assert "| a | one | 0.5 | 4 | 4.0 +- 1.0 |" in text
+    csv_rows = list(
+        csv.DictReader(io.StringIO(as_csv(table, "cpu", method_rows(table, measured, ["a"], ["one"]), [], rows)))
+    )
+    assert [r["rounds"] for r in csv_rows if r["kind"] == "rounds"] == ["4.0 +- 1.0", f">{runs[0].config.rounds} (1/3)"]
 
 
 def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_rounds(tmp_path):

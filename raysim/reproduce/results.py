@@ -1,5 +1,6 @@
 """A reproduced table: per cell and method the measured mean +- std beside the paper's figure, the
-paper's orderings with the number of seeds on which each holds, and the accuracy curves.
+paper's orderings with the number of seeds on which each holds, the rounds to a target accuracy
+where the paper counts them, and the accuracy curves.
 
 Figures are in percent, as the papers give them; std is the sample standard deviation over seeds
 (ddof 1, as `raysim report` computes it). An ordering "a > b" holds on a seed when a's figure
@@ -119,6 +120,43 @@ def method_rows(
     return rows
 
 
+def rounds_rows(
+    table: Table, measured: dict[tuple[str, str], Measured], cells: list[str], methods: list[str]
+) -> list[dict[str, Any]]:
+    """Rounds to a target accuracy, per cell, method and target: the targets the paper gives figures for
+    and those the runs were asked for (eval.targets), measured as `raysim report` shows them."""
+    from raysim.report import rounds_to
+
+    rows = []
+    for cell_name in cells:
+        cell = table.cells[cell_name]
+        for method in methods:
+            m = measured.get((cell_name, method), Measured([], [], []))
+            paper = cell.paper_rounds.get(method, {})
+            asked = {t for s in m.summaries for t in s.get("rounds_to_accuracy") or {}}
+            for target in sorted(set(paper) | asked, key=float):
+                reached = [s["rounds_to_accuracy"].get(target) for s in m.summaries if s.get("rounds_to_accuracy")]
+                rows.append(
+                    {
+                        "cell": cell_name,
+                        "method": method,
+                        "target": target,
+                        "paper_rounds": _paper_rounds(paper, target),
+                        "rounds": rounds_to(m.summaries, target),
+                        "reached": sum(r is not None for r in reached),
+                        "seeds": len(reached),
+                    }
+                )
+    return rows
+
+
+def _paper_rounds(paper: dict[str, int | None], target: str) -> str:
+    """The paper's rounds to `target` as shown: a number, '-' (never reached), '' (no figure)."""
+    if target not in paper:
+        return ""
+    return "-" if paper[target] is None else str(paper[target])
+
+
 def write_outputs(
     table: Table, scale: str, runs: list[PlannedRun], out: Path, cells: list[str], methods: list[str]
 ) -> list[Path]:
@@ -128,8 +166,9 @@ def write_outputs(
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)
     orderings = ordering_rows(table, measured, cells, methods)
-    write_text(out / "table.md", markdown(table, scale, rows, orderings))
-    write_text(out / "table.csv", as_csv(table, scale, rows, orderings))
+    rounds = rounds_rows(table, measured, cells, methods)
+    write_text(out / "table.md", markdown(table, scale, rows, orderings, rounds))
+    write_text(out / "table.csv", as_csv(table, scale, rows, orderings, rounds))
     written = [out / "table.md", out / "table.csv"]
     if any(m.seeds for m in measured.values()):
         from raysim.reproduce.curves import write_curves
@@ -138,7 +177,13 @@ def write_outputs(
     return written
 
 
-def markdown(table: Table, scale: str, rows: list[dict[str, Any]], orderings: list[dict[str, Any]]) -> str:
+def markdown(
+    table: Table,
+    scale: str,
+    rows: list[dict[str, Any]],
+    orderings: list[dict[str, Any]],
+    rounds: list[dict[str, Any]] = (),
+) -> str:
     keys = [SHORT[table.metric]] + [SHORT[m] for m in METRICS if m != table.metric]
     lines = [
         f"# {table.title}",
@@ -169,13 +214,33 @@ def markdown(table: Table, scale: str, rows: list[dict[str, Any]], orderings: li
                 f"| {table.cells[o['cell']].label} | {o['ordering']} | {o['paper']} "
                 f"| {'yes' if o['holds_in_paper'] else 'no'} | {o['holds']} of {o['seeds']} seeds |"
             )
+    if rounds:
+        lines += [
+            "",
+            "Rounds to a target test accuracy (the first round reaching it, mean +- std over seeds; `>R`: a seed",
+            "did not reach it in its R rounds, with (k/n) the seeds that did; the paper's `-`: never reached):",
+            "",
+            "| cell | method | target | paper | measured |",
+            "|---|---|---|---|---|",
+        ]
+        for r in rounds:
+            lines.append(
+                f"| {table.cells[r['cell']].label} | {table.methods[r['method']].label} | {r['target']} "
+                f"| {r['paper_rounds']} | {r['rounds']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
-def as_csv(table: Table, scale: str, rows: list[dict[str, Any]], orderings: list[dict[str, Any]]) -> str:
+def as_csv(
+    table: Table,
+    scale: str,
+    rows: list[dict[str, Any]],
+    orderings: list[dict[str, Any]],
+    rounds: list[dict[str, Any]] = (),
+) -> str:
     buffer = io.StringIO()
     fields = ["table", "scale", "kind", "cell", "method", *[k for k in rows[0] if k not in ("cell", "method")]]
-    fields += ["ordering", "holds_in_paper", "holds"]
+    fields += ["ordering", "holds_in_paper", "holds", "target", "paper_rounds", "rounds", "reached"]
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
@@ -184,6 +249,8 @@ def as_csv(table: Table, scale: str, rows: list[dict[str, Any]], orderings: list
         writer.writerow(
             {"table": table.name, "scale": scale, "kind": "ordering", **{k: v for k, v in o.items() if k != "paper"}}
         )
+    for r in rounds:
+        writer.writerow({"table": table.name, "scale": scale, "kind": "rounds", **r})
     return buffer.getvalue()
 
 

@@ -14,6 +14,7 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
         overrides: {rounds: 40}        # optional, dotted keys, at every scale ({cpu: {...}} for one scale)
         method_config: {feddm: {cpu: feddm/fmnist_cpu}}  # optional: a method's own config of this cell
         paper: {fedavg: 74.3, dcfl: [85.1, 0.4]}                   # percent: mean or [mean, std]
+        paper_rounds: {fedavg: {0.73: 72, 0.78: null}}  # optional: rounds to a test accuracy (null: never)
     methods:
       fedavg: {label: FedAvg, algorithm: {name: fedavg}}  # `algorithm` replaces the config's section
       dcfl: {label: DCFL, overrides: {algorithm.base: fedavg}}
@@ -25,6 +26,8 @@ where `method_config` names one: a method whose algorithm section differs betwee
 as FedDM's scaled-down settings do), with the method's `algorithm` section (if it gives one) in
 place of the config's, then the cell's and the method's overrides, the seed, and `dataset.root`
 under the data folder. The methods of a cell share everything but the algorithm (tested).
+`paper_rounds` targets must be among the cell's `eval.targets` (tested), so that every run reports
+its rounds to them (summary.json's rounds_to_accuracy).
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ class Cell:
     overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # scale -> dotted key -> value
     paper: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # method -> (mean, std) in %
     method_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> scale -> config
+    # method -> target ("0.73", as summary.json's rounds_to_accuracy keys it) -> rounds, None: never reached
+    paper_rounds: dict[str, dict[str, int | None]] = field(default_factory=dict)
 
 
 @dataclass
@@ -179,7 +184,7 @@ def _parse(path: Path, raw: Any) -> Table:
     need(isinstance(raw.get("cells"), dict) and raw["cells"], "needs 'cells': name -> {label, config, paper}")
     for name, spec in raw["cells"].items():
         need(isinstance(spec, dict), f"cell {name} must be a mapping")
-        extra = set(spec) - {"label", "config", "overrides", "paper", "method_config"}
+        extra = set(spec) - {"label", "config", "overrides", "paper", "paper_rounds", "method_config"}
         need(not extra, f"cell {name} has unknown key(s) {', '.join(sorted(extra))}")
         configs = spec.get("config")
         need(
@@ -197,6 +202,16 @@ def _parse(path: Path, raw: Any) -> Table:
                 f"cell {name}: paper figure of {method} must be a number or [mean, std]",
             )
             paper[method] = (float(numbers[0]), float(numbers[1]) if len(numbers) == 2 else None)
+        paper_rounds = {}
+        for method, by_target in (spec.get("paper_rounds") or {}).items():
+            need(
+                method in methods
+                and isinstance(by_target, dict)
+                and all(_number(t) and 0 < t <= 1 for t in by_target)
+                and all(r is None or (_number(r) and r == int(r) >= 1) for r in by_target.values()),
+                f"cell {name}: paper_rounds must map a method to {{target accuracy in (0, 1]: rounds or null}}",
+            )
+            paper_rounds[method] = {str(float(t)): None if r is None else int(r) for t, r in by_target.items()}
         overrides = spec.get("overrides") or {}
         need(isinstance(overrides, dict), f"cell {name}: overrides must map dotted keys to values")
         if not (overrides and set(overrides) <= set(SCALES)):  # the same at every scale
@@ -218,6 +233,7 @@ def _parse(path: Path, raw: Any) -> Table:
             overrides,
             paper,
             {m: dict(v) for m, v in own.items()},
+            paper_rounds,
         )
 
     orderings = []
