@@ -78,7 +78,10 @@ def test_running_it_again_skips_every_finished_run_in_seconds(smoke):
     assert seconds < 30, seconds  # no Ray started: the interpreter, torch and the table
 
 
-def test_killed_midway_it_resumes_with_the_same_numbers(smoke, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
+def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
+    """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends
+    it): the finished run stays, the same command skips it and resumes the interrupted one."""
     out = tmp_path / "table"
     proc = subprocess.Popen(
         [sys.executable, "-m", "raysim.cli", "reproduce", "smoke", "--out", str(out)],
@@ -95,8 +98,11 @@ def test_killed_midway_it_resumes_with_the_same_numbers(smoke, tmp_path):
             break
         assert proc.poll() is None, "ended before it could be killed: " + proc.stderr.read().decode()[-2000:]
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    os.killpg(proc.pid, sig)
+    code = proc.wait(timeout=60)
+    if sig == signal.SIGINT:
+        stderr = proc.stderr.read().decode()
+        assert code == 130 and "interrupted: finished runs are kept" in stderr, stderr[-2000:]
     assert not second.read_summary().get("finished")
     again = reproduce("smoke", "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]

@@ -299,3 +299,34 @@ def test_a_table_given_to_raysim_run_says_how_to_run_it_and_configs_does_not_lis
     with pytest.raises(RaysimError, match="is a paper's table, not a config: run it with 'raysim reproduce smoke"):
         _new_config("tables/smoke", [])
     assert not [name for name, _ in list_configs() if name.startswith("tables/")]
+
+
+@pytest.mark.parametrize(
+    "cluster, resources, fit",
+    [
+        ({"CPU": 8.0}, ["resources.actors=2", "resources.cpus_per_actor=1"], 4),
+        ({"CPU": 2.0}, ["resources.actors=2", "resources.cpus_per_actor=1"], 1),
+        ({"CPU": 2.0}, ["resources.actors=1", "resources.cpus_per_actor=1"], 2),
+        (
+            {"CPU": 16.0, "GPU": 1.0},
+            ["resources.actors=4", "resources.gpus_per_actor=0.2", "resources.server_gpus=0.2"],
+            1,
+        ),
+        (
+            {"CPU": 16.0, "GPU": 2.0},
+            ["resources.actors=4", "resources.gpus_per_actor=0.2", "resources.server_gpus=0.2"],
+            2,
+        ),
+        ({"CPU": 64.0}, ["resources.actors=auto"], 1),  # auto takes what is there
+        ({"CPU": 64.0}, ["resources.in_process=true"], 1),  # runs in this process
+    ],
+)
+def test_runs_side_by_side_are_as_many_as_the_cluster_holds(tmp_path, monkeypatch, cluster, resources, fit):
+    import ray
+
+    from raysim.reproduce.runs import slots
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: cluster)
+    table = load_table(write_table(tmp_path, GOOD))
+    runs = plan_runs(table, "cpu", [0, 1], ["a"], ["one", "two"], tmp_path / "out", None, resources)
+    assert slots(runs) == fit
