@@ -46,8 +46,10 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
-        config = _new_config(args.config, args.overrides)
+        from raysim.config_loading import load_named_config
         from raysim.runner import prepare
+
+        config = load_named_config(args.config, args.overrides)
 
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
         run_dir = new_run_dir(config, args.out)
@@ -70,35 +72,6 @@ def _run(args: argparse.Namespace) -> int:
             discard_unstarted_run(run_dir)
         raise RaysimError(message) from None
     return 0
-
-
-def _new_config(name: str, overrides: list[str]):
-    """A config file, a shipped config's name, or a table's cell: TABLE:CELL:METHOD[:SCALE] (the
-    run `raysim reproduce` makes for that cell and method, seed 0, data under RAYSIM_DATA)."""
-    from raysim.config_loading import load_config
-    from raysim.shipped_configs import resolve
-
-    parts = name.split(":")
-    if len(parts) in (3, 4) and not Path(name).exists():
-        from raysim.reproduce import load_table, selection
-
-        table = load_table(parts[0])
-        if "," in parts[1] or "," in parts[2]:
-            raise RaysimError(f"'{name}': raysim run takes one cell and one method (raysim reproduce runs several)")
-        cell = selection(table, parts[1], table.cells, "cell")[0]
-        method = selection(table, parts[2], table.methods, "method")[0]
-        scale = parts[3] if len(parts) == 4 else "cpu"
-        tree = table.config_tree(cell, method, scale, 0, os.environ.get("RAYSIM_DATA"))
-        return load_config(None, overrides, base=tree)
-    path = resolve(name)
-    from raysim.reproduce.table_file import TABLES_DIR
-
-    if path.parent == TABLES_DIR.resolve():
-        raise RaysimError(
-            f"'{name}' is a paper's table, not a config: run it with 'raysim reproduce {path.stem} --out DIR', "
-            f"or one of its cells with 'raysim run {path.stem}:CELL:METHOD'"
-        )
-    return load_config(path, overrides)
 
 
 def _resume_config_without_code(run_dir, overrides: list[str]):

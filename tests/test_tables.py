@@ -263,18 +263,18 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
 
 
 def test_a_run_of_a_table_cell_by_name(monkeypatch):
-    from raysim.cli import _new_config
+    from raysim.config_loading import load_named_config
 
     monkeypatch.setenv("RAYSIM_DATA", DATA)
-    config = _new_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
+    config = load_named_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
     assert config.algorithm["name"] == "dcfl" and config.algorithm["base"] == "fedprox" and config.seed == 2
     assert config.dataset.root == f"{DATA}/fashion_mnist"
-    paper = _new_config("dcfl_table2:fmnist_ck2:fedavg:paper", [])
+    paper = load_named_config("dcfl_table2:fmnist_ck2:fedavg:paper", [])
     assert paper.rounds == 100 and paper.algorithm["name"] == "fedavg"
     with pytest.raises(RaysimError, match="no cell nosuch"):
-        _new_config("dcfl_table2:nosuch:dcfl", [])
+        load_named_config("dcfl_table2:nosuch:dcfl", [])
     with pytest.raises(RaysimError, match="takes one cell and one method"):
-        _new_config("dcfl_table2:fmnist_ck2,mnist_ck2:dcfl", [])
+        load_named_config("dcfl_table2:fmnist_ck2,mnist_ck2:dcfl", [])
 
 
 def test_summary_of_a_finished_run_is_read_through_the_run_directory(tmp_path):
@@ -293,11 +293,11 @@ def test_a_method_with_its_own_config_per_cell_and_overrides_per_scale():
 
 
 def test_a_table_given_to_raysim_run_says_how_to_run_it_and_configs_does_not_list_tables():
-    from raysim.cli import _new_config
+    from raysim.config_loading import load_named_config
     from raysim.shipped_configs import list_configs
 
     with pytest.raises(RaysimError, match="is a paper's table, not a config: run it with 'raysim reproduce smoke"):
-        _new_config("tables/smoke", [])
+        load_named_config("tables/smoke", [])
     assert not [name for name, _ in list_configs() if name.startswith("tables/")]
 
 

@@ -109,6 +109,7 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
 class CondensedDataAlgorithm(Algorithm):
     match_logits = False  # DM on logits too (FedDM)
     extra_loss_name = "extra"  # names the gradient-ratio metric of `extra_condensation_loss`
+    work_keys = {"algorithm.steps": "clients", "algorithm.server_epochs": "server"}  # raysim bench cell
 
     # ------------------------------------------------------------- client
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:

@@ -217,6 +217,12 @@ class DCFL(Algorithm):
     name = "dcfl"
     summary = "DCFL: CKA-guided selection, clients share condensed data with complementary clients (on a base)"
     Params = DCFLParams
+    work_keys = {  # raysim bench cell
+        "local.epochs": "clients",
+        "algorithm.steps": "clients",  # a client's condensation, the first time it is selected
+        "algorithm.finetune_epochs": "clients",
+        "algorithm.server_epochs": "server",  # the pre-training ServerUpdate
+    }
 
     def __init__(self, params, config):
         super().__init__(params, config)

@@ -82,6 +82,7 @@ def class_logits(num_classes: int, ipc: int, scale: float, device) -> torch.Tens
 class DynaFed(FedAvg):
     name = "dynafed"
     summary = "DynaFed: FedAvg + server-side data synthesised from the early global trajectory, then fine-tuning"
+    work_keys = {"local.epochs": "clients", "algorithm.iterations": "server", "algorithm.finetune_epochs": "server"}
 
     @dataclass
     class Params:

@@ -116,6 +116,9 @@ class OneShot(Algorithm):
     supports_client_models = True
     needs_data_digest = True
     Params = OneShotParams
+    # raysim bench cell: the client stage is the clients' work (each bench run trains its own, not the
+    # cached one); the distillation epochs are rounds, which the bench never cuts
+    bench_overrides = {"algorithm.cache_client_stage": False}
 
     def __init__(self, params, config):
         super().__init__(params, config)
@@ -300,6 +303,8 @@ class DataFreeDistillation(OneShot):
     generator against the ensemble (`generator_objective`, plus `bn_weight` times the BN-statistics
     loss), adds its best batch to the pool, and trains the server model one pass over the pool on
     `distillation_loss` against the ensemble (`ensemble`)."""
+
+    work_keys = {"local.epochs": "clients", "algorithm.generator_steps": "server"}  # raysim bench cell
 
     def after_client_stage(self, state, round_index, ctx):
         return {**state, "pool_x": None, "pool_y": None}

@@ -73,6 +73,8 @@ class FedHydra(DataFreeDistillation):
     name = "fedhydra"
     summary = "FedHydra: one-shot, model stratification + stratified aggregation guide synthesis and distillation"
     supports_client_models = True
+    work_keys = {**DataFreeDistillation.work_keys, "algorithm.stratify_steps": "server"}  # raysim bench cell
+    work_minimum = {"algorithm.stratify_steps": 2}  # eq. 2 needs a loss curve
 
     @dataclass
     class Params(OneShotParams):

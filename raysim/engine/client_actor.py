@@ -15,7 +15,7 @@ import torch
 from raysim.algorithm import ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
-from raysim.engine.devices import configure_torch, pick_device
+from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import serialized_nbytes
@@ -112,6 +112,7 @@ class ClientRuntime:
             "metrics": dict(data.metrics),
             "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
             "seconds": time.perf_counter() - start,
+            "peak_memory_mb": peak_memory_mb(self.device),
             "incarnation": self.incarnation,
         }
 

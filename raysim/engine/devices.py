@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 
 import torch
@@ -39,3 +40,17 @@ def configure_torch(cpus: float, device: torch.device, deterministic: bool, tf32
         torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
     return threads
+
+
+def peak_memory_mb(device: torch.device) -> float | None:
+    """This process's peak memory so far, in MiB: on CUDA the most the caching allocator held for
+    tensors, on a CPU the peak resident set (the whole process: Python, Ray worker, data, tensors).
+    None where the platform does not say (no `resource` module)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # macOS: bytes; Linux: KiB

@@ -24,7 +24,7 @@ from raysim.algorithm import Context, ModelSpec, Reply, ServerLog
 from raysim.config import Config
 from raysim.engine.client_actor import to_model_input
 from raysim.engine.delivery import Delivery
-from raysim.engine.devices import configure_torch, pick_device
+from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.errors import RaysimError
 from raysim.outputs.callbacks import (
     Callback,
@@ -118,6 +118,7 @@ class ServerRuntime:
             self.state = self.algorithm.server_init(spec.initial_model(), self.ctx)
             self.completed, self.previous_wall = 0, 0.0
         self.started = time.perf_counter()
+        self.clients_peak_mb = 0.0
         self.callbacks = self._output_callbacks(inputs.partition_counts, inputs.class_names)
         for callback in self.callbacks:
             callback.on_run_start(RunStart(self.completed, config.rounds))
@@ -186,6 +187,8 @@ class ServerRuntime:
             del delivery
         t2 = time.perf_counter()
 
+        peaks = [results[k]["peak_memory_mb"] for k in sampled if results[k]["peak_memory_mb"] is not None]
+        self.clients_peak_mb = max([self.clients_peak_mb, *peaks])
         replies = [Reply(k, results[k]["num_samples"], results[k]["message"]) for k in sampled]
         self.state = self.algorithm.server_update(self.state, replies, round_index, self.ctx)
         t3 = time.perf_counter()
@@ -332,6 +335,9 @@ class ServerRuntime:
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
             "wall_time_s": self.wall_time(),
+            # the peak memory of a client actor's process and of the server's, in MiB (on CUDA: tensors
+            # on the GPU), over this process's life (a resumed run: since it resumed)
+            "peak_memory_mb": {"clients": self.clients_peak_mb or None, "server": peak_memory_mb(self.device)},
             **self.client_models(),
             **self.domain_summary(),
             **self.ctx.log.summary,

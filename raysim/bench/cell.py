@@ -1,0 +1,231 @@
+"""`raysim bench cell NAME`: what a whole cell (a table's cell or any config) will cost on this machine,
+which phase of it dominates, and how much memory its processes need - from two short runs.
+
+An algorithm declares the config keys that count its repeated work (`Algorithm.work_keys`: local
+epochs, condensation steps, synthesis iterations, server epochs ...) and the phase each multiplies
+(the clients' step or the server's update). The bench runs the cell twice as it is - same data,
+partition, models, actors, rounds, evaluation - but with every work key at a fraction f of its value
+and then at 2f (at least 1; never above the full value), each run a real run through Ray in a
+temporary folder. Per phase (from metrics.parquet: broadcast, clients, server update, evaluation;
+the rest of the command's wall time is start-up and outputs) the two runs give a line, time = a +
+b * work, which is read at the full work. What no key scales (evaluation, start-up, a one-shot
+method's distillation over its pool, local training at 1 epoch) is measured at its full size in
+both runs. Rounds are never cut: algorithms whose rounds differ (pre-training, the round a
+trajectory is complete, a one-shot method's client round) run each kind.
+
+The projection assumes a phase's time is linear in its work keys; where a phase has several keys
+with different ratios of full to bench value, their mean ratio is used (printed). Memory: the peak of
+a client actor's process and of the server's (summary.json's peak_memory_mb; CPU: resident set;
+CUDA: tensors on the GPU), from the larger run - the work keys repeat work, they do not grow it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.errors import RaysimError
+
+DEFAULTS = {
+    "config": "",  # a config file, a shipped config's name, or TABLE:CELL:METHOD[:SCALE] (the first bare argument)
+    "fraction": "0.1",  # f: the first run's share of each work key (the second runs 2f)
+    "address": "",  # a Ray cluster to run on (default: a private local Ray, as `raysim run`)
+    "out": "",  # also write the measurements and the projection as JSON to this file
+}
+TAKES_CONFIG = True  # `raysim bench cell NAME key=value ...`: a config and its overrides
+
+# metrics.parquet's per-round phase times (server rows), in the order printed
+PHASES = {
+    "broadcast": "time_broadcast_s",
+    "clients": "time_clients_s",
+    "server": "time_server_update_s",
+    "eval": "time_eval_s",
+}
+LABELS = {
+    "broadcast": "broadcast",
+    "clients": "clients (their steps, in parallel)",
+    "server": "server update",
+    "eval": "evaluation",
+    "rest": "start-up and outputs",
+}
+
+
+@dataclass
+class WorkKey:
+    key: str  # dotted config key
+    phase: str  # "clients" or "server"
+    full: int
+    first: int  # its value in the first bench run
+    second: int  # ... and in the second
+
+    @property
+    def ratio(self) -> float | None:
+        """(full - first) / (second - first): how many times the runs' difference the full work adds;
+        None when the key did not change between the runs (it ran at its full value in both)."""
+        return None if self.second == self.first else (self.full - self.first) / (self.second - self.first)
+
+
+def get_dotted(tree: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def work_keys(config, fraction: float) -> list[WorkKey]:
+    """The algorithm's work keys that this config sets above 0, with the two bench values."""
+    from raysim.config import dump_config
+    from raysim.registry import algorithm_class
+
+    tree = yaml.safe_load(dump_config(config))
+    cls = algorithm_class(config.algorithm["name"])
+    keys = []
+    for key, phase in cls.work_keys.items():
+        full = get_dotted(tree, key)
+        if not isinstance(full, int) or isinstance(full, bool) or full < 1:
+            continue
+        first = min(full, max(cls.work_minimum.get(key, 1), round(full * fraction)))
+        keys.append(WorkKey(key, phase, full, first, min(full, 2 * first)))
+    return keys
+
+
+def phase_ratio(keys: list[WorkKey], phase: str) -> tuple[float | None, bool]:
+    """The phase's mean ratio over its keys that changed, and whether those ratios differ by > 10%."""
+    ratios = [k.ratio for k in keys if k.phase == phase and k.ratio is not None]
+    if not ratios:
+        return None, False
+    mean = sum(ratios) / len(ratios)
+    return mean, max(ratios) > 1.1 * min(ratios)
+
+
+def timed_run(config, address: str | None) -> dict[str, float]:
+    """One real run in a temporary folder: each phase's seconds summed over the rounds, the command's
+    wall time, and the peak memory."""
+    from raysim.outputs.run_dir import RunDir
+    from raysim.runner import prepare, run_experiment
+
+    with tempfile.TemporaryDirectory(prefix="raysim-bench-cell-") as folder:
+        run_dir = RunDir(Path(folder) / "run")
+        started = time.perf_counter()
+        summary = run_experiment(config, run_dir, address, experiment=prepare(config))
+        wall = time.perf_counter() - started
+        rows = [r for r in run_dir.read_metrics_rows() if r["client"] is None]
+    seconds = {phase: sum(r["value"] for r in rows if r["metric"] == metric) for phase, metric in PHASES.items()}
+    rounds = sum(r["value"] for r in rows if r["metric"] == "round_time_s")
+    seconds["rest"] = max(0.0, wall - rounds)
+    peaks = summary.get("peak_memory_mb") or {}
+    return {**seconds, "wall": wall, "peak_clients_mb": peaks.get("clients"), "peak_server_mb": peaks.get("server")}
+
+
+def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
+    """Each phase at the full work: a + b * work through the two runs, read at the full values; a phase no
+    key changed is the mean of the two (it ran at its full size in both)."""
+    out = {}
+    for phase in (*PHASES, "rest"):
+        ratio = phase_ratio(keys, phase)[0] if phase in ("clients", "server") else None
+        if ratio is None:
+            out[phase] = (first[phase] + second[phase]) / 2
+        else:  # a slope below 0 is noise on a phase the keys barely touch: no growth
+            out[phase] = second[phase] + max(0.0, second[phase] - first[phase]) * (ratio - 1)
+    return out
+
+
+def cell(opts: dict) -> None:
+    from raysim.config_loading import load_named_config
+    from raysim.registry import algorithm_class
+
+    if not opts["config"]:
+        raise RaysimError(
+            "bench cell needs a config: raysim bench cell NAME [key=value ...] (NAME: a config file, a shipped "
+            "config such as fedaf/cifar10_cpu, or TABLE:CELL:METHOD[:SCALE])"
+        )
+    try:
+        fraction = float(opts["fraction"])
+    except ValueError:
+        fraction = math.nan
+    if not 0 < fraction <= 0.5:
+        raise RaysimError(f"bench cell: fraction={opts['fraction']} must be a number in (0, 0.5]")
+    config = load_named_config(opts["config"], opts["overrides"])
+    cls = algorithm_class(config.algorithm["name"])
+    keys = work_keys(config, fraction)
+    fixed = [f"{k}={v}" for k, v in cls.bench_overrides.items()]
+    runs = []
+    for which in ("first", "second"):
+        values = [f"{k.key}={getattr(k, which)}" for k in keys]
+        runs.append(load_named_config(opts["config"], [*opts["overrides"], *values, *fixed]))
+    print(
+        f"bench cell {opts['config']}: {config.algorithm['name']}, {config.rounds} rounds, "
+        f"{config.clients.num} clients, actors {config.resources.actors or 'auto'}; two runs at "
+        f"{fraction:g} and {2 * fraction:g} of the work",
+        flush=True,
+    )
+    for k in keys:
+        print(f"  {k.key} ({LABELS[k.phase].split(' (')[0]}): {k.first}, then {k.second}, of {k.full}", flush=True)
+    address = opts["address"] or None
+    measured = []
+    for i, run_config in enumerate(runs, 1):
+        started = time.perf_counter()
+        measured.append(timed_run(run_config, address))
+        print(f"  run {i}: {time.perf_counter() - started:.1f} s", flush=True)
+    projected = project(keys, *measured)
+    print(report(config, keys, measured, projected))
+    if opts["out"]:
+        Path(opts["out"]).write_text(
+            json.dumps(
+                {
+                    "config": opts["config"],
+                    "overrides": opts["overrides"],
+                    "fraction": fraction,
+                    "work_keys": [k.__dict__ for k in keys],
+                    "runs": measured,
+                    "projected_s": projected,
+                    "projected_wall_s": sum(projected.values()),
+                },
+                indent=1,
+            )
+        )
+
+
+def report(config, keys: list[WorkKey], measured: list[dict[str, float]], projected: dict[str, float]) -> str:
+    total = sum(projected.values())
+    lines = [
+        "",
+        f"{'phase':38s} {'run 1 (s)':>10s} {'run 2 (s)':>10s} {'projected (s)':>14s} {'share':>6s}  per unit of work",
+    ]
+    for phase, seconds in projected.items():
+        changed = [k for k in keys if k.phase == phase and k.ratio is not None]
+        unit = ""
+        if len(changed) == 1:
+            k = changed[0]
+            per = max(0.0, measured[1][phase] - measured[0][phase]) / (k.second - k.first)
+            unit = f"{per:.3g} s per {k.key} (whole run)"
+        elif len(changed) > 1:
+            ratio, differ = phase_ratio(keys, phase)
+            unit = f"{len(changed)} keys, ratio {ratio:.1f}" + (" (their ratios differ: approximate)" if differ else "")
+        lines.append(
+            f"{LABELS[phase]:38s} {measured[0][phase]:10.1f} {measured[1][phase]:10.1f} {seconds:14.1f} "
+            f"{100 * seconds / total:5.0f}%  {unit}".rstrip()
+        )
+    dominant = max(projected, key=projected.get)
+    lines.append(
+        f"projected wall time: {total / 60:.1f} min for the {config.rounds} rounds "
+        f"(the two runs took {measured[0]['wall'] / 60:.1f} and {measured[1]['wall'] / 60:.1f} min); "
+        f"dominated by {LABELS[dominant]} ({100 * projected[dominant] / total:.0f}%)"
+    )
+    peaks = measured[1]
+    if peaks["peak_clients_mb"] or peaks["peak_server_mb"]:
+        shown = [
+            f"{who} {peaks[key]:.0f} MiB"
+            for who, key in (("a client actor", "peak_clients_mb"), ("the server", "peak_server_mb"))
+            if peaks[key]
+        ]
+        lines.append("peak memory: " + ", ".join(shown))
+    return "\n".join(lines)

@@ -1,0 +1,156 @@
+"""`raysim bench cell`: the work keys each family declares, the two bench runs' settings, the
+projection's arithmetic, the refusals, and (slow tier) the bench end to end on the embedded data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raysim.bench.cell import WorkKey, phase_ratio, project, work_keys
+from raysim.config_loading import load_named_config
+from raysim.errors import RaysimError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def keys_of(name: str, *overrides: str, fraction: float = 0.1) -> dict[str, tuple[str, int, int, int]]:
+    config = load_named_config(name, ["dataset.root=/tmp", *overrides])
+    return {k.key: (k.phase, k.first, k.second, k.full) for k in work_keys(config, fraction)}
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("quickstart", {"local.epochs": ("clients", 1, 1, 1)}),
+        (
+            "fedaf/cifar10_cpu",
+            {"algorithm.steps": ("clients", 12, 24, 120), "algorithm.server_epochs": ("server", 4, 8, 40)},
+        ),
+        (
+            "dcfl/fmnist_ck2_cpu",
+            {
+                "local.epochs": ("clients", 1, 2, 10),
+                "algorithm.steps": ("clients", 20, 40, 200),
+                "algorithm.finetune_epochs": ("clients", 2, 4, 20),
+                "algorithm.server_epochs": ("server", 20, 40, 200),
+            },
+        ),
+        (
+            "dynafed/cifar10_cpu",
+            {
+                "local.epochs": ("clients", 1, 1, 1),
+                "algorithm.iterations": ("server", 30, 60, 300),
+                "algorithm.finetune_epochs": ("server", 2, 4, 20),
+            },
+        ),
+        (
+            "fedhydra/mnist_2cc_cpu",
+            {
+                "local.epochs": ("clients", 1, 2, 10),
+                "algorithm.generator_steps": ("server", 3, 6, 30),
+                "algorithm.stratify_steps": ("server", 2, 4, 20),
+            },
+        ),
+    ],
+)
+def test_each_family_declares_the_keys_that_count_its_work(name, expected):
+    assert keys_of(name) == expected
+
+
+def test_a_small_key_keeps_its_minimum_and_never_exceeds_its_full_value():
+    keys = keys_of("fedhydra/mnist_2cc_cpu", "algorithm.stratify_steps=3", "local.epochs=3", fraction=0.05)
+    assert keys["algorithm.stratify_steps"] == ("server", 2, 3, 3)  # >= 2 (eq. 2), then capped at 3
+    assert keys["local.epochs"] == ("clients", 1, 2, 3)
+
+
+def test_a_one_shot_bench_run_trains_its_own_client_stage():
+    from raysim.registry import algorithm_class
+
+    for name in ("fedhydra", "dense", "coboosting", "feddf", "fedavg_oneshot", "ot_fusion"):
+        assert algorithm_class(name).bench_overrides == {"algorithm.cache_client_stage": False}, name
+
+
+def test_the_projection_reads_each_phase_line_at_the_full_work():
+    keys = [WorkKey("algorithm.steps", "clients", 120, 12, 24), WorkKey("algorithm.server_epochs", "server", 40, 4, 8)]
+    first = {"broadcast": 1.0, "clients": 20.0, "server": 5.0, "eval": 2.0, "rest": 10.0}
+    second = {"broadcast": 1.2, "clients": 30.0, "server": 7.0, "eval": 2.2, "rest": 12.0}
+    projected = project(keys, first, second)
+    assert projected["clients"] == pytest.approx(20 + 10 * (120 - 12) / 12)  # a + b * 120 through both runs
+    assert projected["server"] == pytest.approx(5 + 2 * (40 - 4) / 4)
+    assert projected["eval"] == pytest.approx(2.1) and projected["rest"] == pytest.approx(11.0)  # unscaled: mean
+    second["server"] = 4.0  # the second run faster than the first: noise, no growth
+    assert project(keys, first, second)["server"] == pytest.approx(4.0)
+
+
+def test_a_phase_whose_keys_scale_differently_says_so():
+    keys = [WorkKey("local.epochs", "clients", 3, 1, 2), WorkKey("algorithm.steps", "clients", 200, 20, 40)]
+    ratio, differ = phase_ratio(keys, "clients")
+    assert ratio == pytest.approx((2 + 9) / 2) and differ
+    assert phase_ratio([WorkKey("local.epochs", "clients", 1, 1, 1)], "clients") == (None, False)
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["bench", "cell"], "bench cell needs a config"),
+        (["bench", "cell", "quickstart", "fraction=0.9"], "fraction=0.9 must be a number in (0, 0.5]"),
+        (["bench", "cell", "quickstart", "fraction=x"], "fraction=x must be a number"),
+        (["bench", "cell", "nosuch"], "config 'nosuch' does not exist"),
+        (["bench", "cell", "quickstart", "rounds=0"], "rounds"),
+    ],
+)
+def test_bad_requests_are_one_line_and_exit_2(capsys, argv, words):
+    from raysim.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+
+
+def test_other_benches_still_refuse_config_overrides(capsys):
+    from raysim.cli import main
+
+    assert main(["bench", "condense", "rounds=3"]) == 2
+    assert "bench option 'rounds=3' unknown" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raysim.cli",
+            "bench",
+            "cell",
+            "quickstart",
+            "rounds=2",
+            "model.name=mlp",
+            "local.epochs=4",
+            f"out={out}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "local.epochs (clients): 1, then 2, of 4" in done.stdout
+    assert "projected wall time:" in done.stdout and "peak memory: a client actor" in done.stdout
+    result = json.loads(out.read_text())
+    first, second = result["runs"]
+    assert second["clients"] > first["clients"] > 0  # twice the local epochs: more client time
+    assert result["projected_s"]["clients"] > second["clients"]  # 4 epochs: more than 2
+    assert result["projected_wall_s"] == pytest.approx(sum(result["projected_s"].values()))
+    assert 100 < first["peak_clients_mb"] < 16_000
+    assert not list(Path("/tmp").glob("raysim-bench-cell-*"))  # the runs' folders are gone
+
+
+def test_config_loading_error_is_a_raysim_error():
+    with pytest.raises(RaysimError):
+        load_named_config("nosuch")
