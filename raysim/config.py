@@ -114,6 +114,8 @@ class ResourcesConfig:
     deterministic: bool = True  # CUDA: PyTorch's deterministic mode (raysim.engine.devices); CPU: always
     # CUDA convolutions in TF32 (PyTorch's default: faster); false: in float32, closer to the CPU's numbers
     tf32: bool = True
+    # float32 | bfloat16: the dtype of the hot loops' forward passes (autocast; raysim.precision says where)
+    precision: str = "float32"
     # Debug mode: the server and every client run serially in the driver process (breakpoints
     # and profilers work; no actor start-up). Payloads and replies still go through the object
     # store, and the numbers are the same as with actors.
@@ -464,6 +466,10 @@ def validate(config: Config) -> None:
         f"resources.cpus_per_actor must be > 0, got {config.resources.cpus_per_actor}",
     )
     need(config.resources.gpus_per_actor >= 0, "resources.gpus_per_actor must be >= 0")
+    need(
+        config.resources.precision in ("float32", "bfloat16"),
+        f"resources.precision must be float32 or bfloat16, got {config.resources.precision!r}",
+    )
     need(config.local.epochs >= 0, "local.epochs must be >= 0")
     need(config.local.batch_size >= 1, "local.batch_size must be >= 1")
     need(

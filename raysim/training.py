@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from raysim import precision
 from raysim.config import LocalConfig
+from raysim.precision import autocast
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 GradHook = Callable[[torch.nn.Module], None]
@@ -67,6 +69,13 @@ def train(
     soft-label logits). Each epoch's order is drawn from `generator`, then, per batch, the seed of
     `augment`. `grad_hook` edits the gradients before each step (SCAFFOLD's correction)."""
     model.train()
+    # resources.precision: the loss is computed under autocast, and the model's output comes back in
+    # float32 so that what a loss does with it (sums into float buffers, soft labels) stays float32
+    with _outputs_in_float32(model) if precision.enabled() else nullcontext():
+        return _train_epochs(model, x, y, epochs, batch_size, optimizer, generator, loss_fn, augment, grad_hook, split)
+
+
+def _train_epochs(model, x, y, epochs, batch_size, optimizer, generator, loss_fn, augment, grad_hook, split):
     steps, total, epoch_total, epoch_steps = 0, 0.0, 0.0, 0
     for _ in range(epochs):
         order = torch.randperm(len(y), generator=generator).to(y.device)
@@ -76,7 +85,8 @@ def train(
             if augment is not None:
                 xb = augment(xb, int(torch.randint(2**31 - 1, (1,), generator=generator)))
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model, xb, yb)
+            with autocast(xb.device):
+                loss = loss_fn(model, xb, yb).float()
             loss.backward()
             if grad_hook is not None:
                 grad_hook(model)
@@ -85,6 +95,18 @@ def train(
             steps, total = steps + 1, total + value
             epoch_steps, epoch_total = epoch_steps + 1, epoch_total + value
     return TrainStats(steps, total / max(steps, 1), epoch_total / max(epoch_steps, 1))
+
+
+@contextmanager
+def _outputs_in_float32(model: torch.nn.Module) -> Iterator[None]:
+    """The model's own output in float32 while the block runs (its layers still compute under autocast)."""
+    handle = model.register_forward_hook(
+        lambda module, inputs, out: out.float() if torch.is_tensor(out) and out.is_floating_point() else out
+    )
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def make_optimizer(params, local: LocalConfig) -> torch.optim.Optimizer:

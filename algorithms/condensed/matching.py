@@ -8,12 +8,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from raysim.precision import autocast
+
 Augment = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 def _embed_and_logits(model, x, with_logits: bool):
-    features = model.embed(x)
-    return features, (model.classifier(features) if with_logits else None)
+    with autocast(x.device):  # resources.precision; the means and distances are taken in float32
+        features = model.embed(x)
+        logits = model.classifier(features) if with_logits else None
+    return features.float(), (logits.float() if with_logits else None)
 
 
 @dataclass

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from raysim.precision import autocast
 from raysim.training import soft_cross_entropy
 
 Augment = Callable[[torch.Tensor, int], torch.Tensor]
@@ -83,7 +84,9 @@ def unrolled_training(
 
 
 def _sgd_step(model, params, names, xb, yb, step_size, create_graph: bool) -> dict[str, torch.Tensor]:
-    loss = soft_cross_entropy(functional_call(model, params, (xb,)), yb)
+    with autocast(xb.device):  # resources.precision: the forward pass; the loss and the step in float32
+        logits = functional_call(model, params, (xb,))
+    loss = soft_cross_entropy(logits.float(), yb)
     grads = torch.autograd.grad(loss, [params[n] for n in names], create_graph=create_graph)
     return {n: params[n] - step_size * g for n, g in zip(names, grads)}
 

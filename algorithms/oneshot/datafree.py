@@ -21,6 +21,7 @@ from torch import nn
 from raysim.algorithms.oneshot.augment import augment_images
 from raysim.algorithms.oneshot.generator import Generator, reset_generator
 from raysim.algorithms.oneshot.losses import BNStatistics
+from raysim.precision import autocast
 from raysim.training import TrainStats, even_batches, train
 
 # (model-input images, target labels) -> ensemble logits (B, C)
@@ -70,11 +71,12 @@ def synthesize(
     best = (float("inf"), None, 0.0)
     with BNStatistics(teachers if bn_weight else []) as bn:
         for _ in range(steps):
-            pixels = generator(z)
-            x = to_input(augment_images(pixels, augment, g))
-            teacher_logits = ensemble(x, targets)
-            bn_loss = bn.loss()
-            loss = objective(teacher_logits, student(x), targets) + bn_weight * bn_loss
+            with autocast(device):  # resources.precision: the models' forward passes; images and losses in float32
+                pixels = generator(z).float()
+                x = to_input(augment_images(pixels, augment, g))
+                teacher_logits, student_logits = ensemble(x, targets), student(x)
+                bn_loss = bn.loss()
+            loss = objective(teacher_logits.float(), student_logits.float(), targets) + bn_weight * bn_loss
             if float(loss.detach()) < best[0]:
                 best = (float(loss.detach()), pixels.detach(), float(torch.as_tensor(bn_loss).detach()))
             optimizer.zero_grad(set_to_none=True)

@@ -20,9 +20,15 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def configure_torch(cpus: float, device: torch.device, deterministic: bool, tf32: bool = True) -> int:
+def configure_torch(
+    cpus: float, device: torch.device, deterministic: bool, tf32: bool = True, precision: str = "float32"
+) -> int:
     """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count.
-    On CUDA also the kernels' determinism and whether convolutions run in TF32 (PyTorch's default)."""
+    On CUDA also the kernels' determinism and whether convolutions run in TF32 (PyTorch's default).
+    `precision`: the hot loops' autocast dtype in this process (raysim.precision)."""
+    from raysim.precision import set_precision
+
+    set_precision(precision)
     threads = max(1, int(cpus))
     torch.set_num_threads(threads)
     # Object-store arrays are read-only; raysim only ever copies out of them.
