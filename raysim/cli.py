@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
-        from raysim.config_loading import load_named_config
+        from raysim.named_config import load_named_config
         from raysim.runner import prepare
 
         config = load_named_config(args.config, args.overrides)

@@ -139,7 +139,7 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
 
 
 def cell(opts: dict) -> None:
-    from raysim.config_loading import load_named_config
+    from raysim.named_config import load_named_config
     from raysim.registry import algorithm_class
 
     if not opts["config"]:
