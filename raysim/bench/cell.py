@@ -27,7 +27,6 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -72,24 +71,17 @@ class WorkKey:
         return None if self.second == self.first else (self.full - self.first) / (self.second - self.first)
 
 
-def get_dotted(tree: dict[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return None
-        tree = tree[part]
-    return tree
-
-
 def work_keys(config, fraction: float) -> list[WorkKey]:
     """The algorithm's work keys that this config sets above 0, with the two bench values."""
     from raysim.config import dump_config
     from raysim.registry import algorithm_class
+    from raysim.report import flatten
 
-    tree = yaml.safe_load(dump_config(config))
+    values = flatten(yaml.safe_load(dump_config(config)))
     cls = algorithm_class(config.algorithm["name"])
     keys = []
     for key, phase in cls.work_keys.items():
-        full = get_dotted(tree, key)
+        full = values.get(key)
         if not isinstance(full, int) or isinstance(full, bool) or full < 1:
             continue
         first = min(full, max(cls.work_minimum.get(key, 1), round(full * fraction)))
