@@ -116,6 +116,8 @@ class ResourcesConfig:
     tf32: bool = True
     # float32 | bfloat16: the dtype of the hot loops' forward passes (autocast; raysim.precision says where)
     precision: str = "float32"
+    # torch.compile the models of local and server training and of distribution matching (raysim.compiled)
+    compile: bool = False
     # Debug mode: the server and every client run serially in the driver process (breakpoints
     # and profilers work; no actor start-up). Payloads and replies still go through the object
     # store, and the numbers are the same as with actors.

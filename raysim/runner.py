@@ -210,14 +210,14 @@ def run_experiment(
     """
     import ray
 
+    from raysim import compiled, precision
     from raysim.engine.ray_session import ray_session
-    from raysim.precision import kept
 
     exp = experiment or prepare(config)
     res = config.resources
     run_dir = RunDir(run_dir)
-    # in process, the run's actors set this process's torch precision: it is given back afterwards
-    with owning(run_dir), ray_session(res, address), kept():
+    # in process, the run's actors set this process's precision and compile setting: given back afterwards
+    with owning(run_dir), ray_session(res, address), precision.kept(), compiled.kept():
         check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
         if res.in_process:
             server, actors, refs = _in_process(config, exp, run_dir)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from raysim import precision
+from raysim import compiled, precision
 from raysim.config import LocalConfig
 from raysim.precision import autocast
 
@@ -71,7 +71,8 @@ def train(
     model.train()
     # resources.precision: the loss is computed under autocast, and the model's output comes back in
     # float32 so that what a loss does with it (sums into float buffers, soft labels) stays float32
-    with _outputs_in_float32(model) if precision.enabled() else nullcontext():
+    # resources.compile: the forward is compiled for the loop (raysim.compiled)
+    with _outputs_in_float32(model) if precision.enabled() else nullcontext(), compiled.forward(model):
         return _train_epochs(model, x, y, epochs, batch_size, optimizer, generator, loss_fn, augment, grad_hook, split)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from raysim import compiled
 from raysim.precision import autocast
 
 Augment = Callable[[torch.Tensor, int], torch.Tensor]
@@ -15,7 +16,7 @@ Augment = Callable[[torch.Tensor, int], torch.Tensor]
 
 def _embed_and_logits(model, x, with_logits: bool):
     with autocast(x.device):  # resources.precision; the means and distances are taken in float32
-        features = model.embed(x)
+        features = compiled.function(model.embed)(x)  # resources.compile
         logits = model.classifier(features) if with_logits else None
     return features.float(), (logits.float() if with_logits else None)
 

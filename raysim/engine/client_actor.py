@@ -53,6 +53,7 @@ class ClientRuntime:
             config.resources.deterministic,
             config.resources.tf32,
             config.resources.precision,
+            config.resources.compile,
         )
         self.algorithm = make_algorithm(config)
         self.ctx = Context(config, spec, self.device, config.model, mean, std)

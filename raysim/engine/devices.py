@@ -21,14 +21,22 @@ def pick_device(gpus: float) -> torch.device:
 
 
 def configure_torch(
-    cpus: float, device: torch.device, deterministic: bool, tf32: bool = True, precision: str = "float32"
+    cpus: float,
+    device: torch.device,
+    deterministic: bool,
+    tf32: bool = True,
+    precision: str = "float32",
+    compile: bool = False,
 ) -> int:
     """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count.
     On CUDA also the kernels' determinism and whether convolutions run in TF32 (PyTorch's default).
-    `precision`: the hot loops' autocast dtype in this process (raysim.precision)."""
+    `precision`: the hot loops' autocast dtype in this process (raysim.precision); `compile`: whether
+    its hot loops' models are compiled (raysim.compiled)."""
+    from raysim.compiled import set_compile
     from raysim.precision import set_precision
 
     set_precision(precision)
+    set_compile(compile)
     threads = max(1, int(cpus))
     torch.set_num_threads(threads)
     # Object-store arrays are read-only; raysim only ever copies out of them.

@@ -83,7 +83,7 @@ class ServerRuntime:
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
         res = config.resources
-        self.threads = configure_torch(threads, self.device, res.deterministic, res.tf32, res.precision)
+        self.threads = configure_torch(threads, self.device, res.deterministic, res.tf32, res.precision, res.compile)
         spec = inputs.spec
         self.ctx = Context(
             config,

@@ -1,0 +1,71 @@
+"""`resources.compile`: the hot loops' models run through torch.compile (TorchInductor), set once per
+process (each actor's and the server's, from its config, in raysim.engine.devices.configure_torch).
+
+Where: the model's forward in raysim.training.train (local training, the server's training on
+condensed and synthetic images, DynaFed's fine-tuning, the one-shot distillation) and the embedding
+in distribution matching (FedAF, FedDM, DCFL). Not DynaFed's unrolled trajectory steps: they take
+gradients of gradients (`create_graph`), which a compiled graph does not give (AOTAutograd has no
+double backward); they stay eager.
+
+Decided: shapes are compiled dynamic from the first call (`dynamic=True`). One graph then serves
+every batch size, so which graph computes a batch never depends on the batches the process saw
+before; with PyTorch's default (a static graph for the first shape, a dynamic one from the second
+shape on) the same client could be computed by either graph depending on which clients its actor
+had trained earlier, and results would depend on the number of actors. Compiled graphs are reused
+across model instances of one class (a fresh wrapper costs nothing), and Inductor caches them on
+disk, so the actors of one machine compile each graph once.
+
+The numbers differ from eager mode in the last bits (fused kernels round differently); they are the
+same across actor counts and repeats. Whether compiling pays depends on the model (the first call
+of each graph compiles for seconds to a minute on a CPU core): the engine report measures it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+_on = False
+
+
+def set_compile(on: bool) -> None:
+    global _on
+    _on = bool(on)
+
+
+def enabled() -> bool:
+    return _on
+
+
+@contextmanager
+def kept() -> Iterator[None]:
+    """The process's setting as it was before the block (an in-process run sets its own)."""
+    before = _on
+    try:
+        yield
+    finally:
+        set_compile(before)
+
+
+def function(fn: Callable) -> Callable:
+    """`fn` compiled when resources.compile is on, else `fn` itself."""
+    return torch.compile(fn, dynamic=True) if _on else fn
+
+
+@contextmanager
+def forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """`model` whose forward is compiled while the block runs (when resources.compile is on).
+
+    The compiled forward is an attribute of the instance for the block only, so hooks, state
+    dicts, copies and every other use of the model outside the block see the plain module.
+    """
+    if not _on or "forward" in vars(model):
+        yield model
+        return
+    model.forward = torch.compile(model.forward, dynamic=True)
+    try:
+        yield model
+    finally:
+        del model.forward
