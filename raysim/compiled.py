@@ -33,6 +33,15 @@ _on = False
 def set_compile(on: bool) -> None:
     global _on
     _on = bool(on)
+    if _on:
+        # FedAF logs its terms' gradient ratio with two backward passes through one graph
+        # (retain_graph), which a compiled backward that reuses ("donates") its buffers refuses
+        import torch._functorch.config
+
+        torch._functorch.config.donated_buffer = False
+        # a model's graphs: grad mode x train/eval x which inputs need gradients; past the limit
+        # Dynamo would fall back to eager for the rest, and the numbers would depend on history
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
 
 
 def enabled() -> bool:
@@ -50,8 +59,22 @@ def kept() -> Iterator[None]:
 
 
 def function(fn: Callable) -> Callable:
-    """`fn` compiled when resources.compile is on, else `fn` itself."""
-    return torch.compile(fn, dynamic=True) if _on else fn
+    """`fn` compiled when resources.compile is on, else `fn` itself.
+
+    Its tensor arguments are handed over contiguous and at offset 0: a graph is guarded on its
+    inputs' strides and storage offsets too, and augmentations and views (DSA's flips and crops,
+    a slice of a batch) vary them from call to call, which would compile a graph per layout.
+    """
+    if not _on:
+        return fn
+    compiled_fn = torch.compile(fn, dynamic=True)
+    return lambda *args: compiled_fn(*(_plain(a) for a in args))
+
+
+def _plain(value):
+    if not torch.is_tensor(value) or (value.is_contiguous() and value.storage_offset() == 0):
+        return value
+    return value.clone(memory_format=torch.contiguous_format)
 
 
 @contextmanager
@@ -64,7 +87,7 @@ def forward(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
     if not _on or "forward" in vars(model):
         yield model
         return
-    model.forward = torch.compile(model.forward, dynamic=True)
+    model.forward = function(model.forward)
     try:
         yield model
     finally:
