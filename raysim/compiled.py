@@ -61,9 +61,10 @@ def kept() -> Iterator[None]:
 def function(fn: Callable) -> Callable:
     """`fn` compiled when resources.compile is on, else `fn` itself.
 
-    Its tensor arguments are handed over contiguous and at offset 0: a graph is guarded on its
-    inputs' strides and storage offsets too, and augmentations and views (DSA's flips and crops,
-    a slice of a batch) vary them from call to call, which would compile a graph per layout.
+    Its tensor arguments are handed over as tensors of their own (not views), contiguous and at
+    offset 0: a graph is guarded on its inputs' strides, storage offsets and bases too, and
+    augmentations and views (DSA's flips and crops, a slice or a reshape of a batch) vary them
+    from call to call, which would compile a graph per layout (a copy costs far less than a step).
     """
     if not _on:
         return fn
@@ -72,7 +73,7 @@ def function(fn: Callable) -> Callable:
 
 
 def _plain(value):
-    if not torch.is_tensor(value) or (value.is_contiguous() and value.storage_offset() == 0):
+    if not torch.is_tensor(value) or (value._base is None and value.is_contiguous() and value.storage_offset() == 0):
         return value
     return value.clone(memory_format=torch.contiguous_format)
 

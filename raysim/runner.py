@@ -370,6 +370,20 @@ def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
         # the server refused the run while starting (e.g. an algorithm's data are missing): Ray keeps
         # only the creation task's traceback as text, whose last RaysimError line is the message
         return raised[1].strip().splitlines()[0], True
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException) and not isinstance(cause, RayError):
+        # code in an actor raised: name its error (Ray's own first line only names the actor's
+        # method) and keep the whole remote traceback beside the run
+        log = Path(run_dir) / "error.log"
+        try:
+            log.write_text(str(exc) + "\n")
+            where = f"; traceback in {log}"
+        except OSError:
+            where = ""
+        return (
+            f"an actor failed during the run ({type(cause).__name__}: {first_line(cause)}){where}; finished "
+            f"rounds are kept: continue with 'raysim run --resume {run_dir}'"
+        ), False
     return (
         f"Ray failed during the run ({type(exc).__name__}: {first_line(exc)}); finished rounds are kept: "
         f"continue with 'raysim run --resume {run_dir}'"

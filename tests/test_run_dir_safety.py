@@ -281,3 +281,23 @@ def test_a_full_disk_keeps_the_finished_rounds_and_says_what_to_do(ray_session, 
     filler.unlink()
     assert main(["run", "--resume", str(run_dir), "rounds=2"]) == 0
     assert rounds_in_metrics(run_dir) == [1, 2]
+
+
+def test_an_error_raised_in_an_actor_is_named_and_its_traceback_kept(tmp_path):
+    """Ray's own first line names only the actor's method; the message names the error and where
+    the remote traceback went."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    from raysim.runner import failure_message
+
+    try:
+        raise RuntimeError("This backward function was compiled with donated buffers\nsecond line")
+    except RuntimeError as cause:
+        exc = RayTaskError("run_round", traceback.format_exc(), cause, proctitle="ray::ServerActor.run_round()")
+    message, refused_at_start = failure_message(exc.as_instanceof_cause(), tmp_path)
+    assert not refused_at_start and "\n" not in message
+    assert "(RuntimeError: This backward function was compiled with donated buffers)" in message
+    assert f"traceback in {tmp_path / 'error.log'}" in message and f"raysim run --resume {tmp_path}" in message
+    assert "second line" in (tmp_path / "error.log").read_text()
