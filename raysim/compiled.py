@@ -12,8 +12,8 @@ every batch size, so which graph computes a batch never depends on the batches t
 before; with PyTorch's default (a static graph for the first shape, a dynamic one from the second
 shape on) the same client could be computed by either graph depending on which clients its actor
 had trained earlier, and results would depend on the number of actors. Compiled graphs are reused
-across model instances of one class (a fresh wrapper costs nothing), and Inductor caches them on
-disk, so the actors of one machine compile each graph once.
+across model instances of one class (a fresh wrapper costs nothing), and Inductor caches its
+kernels on disk, so a machine's later processes compile faster.
 
 The numbers differ from eager mode in the last bits (fused kernels round differently); they are the
 same across actor counts and repeats. Whether compiling pays depends on the model (the first call
