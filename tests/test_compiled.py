@@ -49,7 +49,6 @@ def test_off_the_training_loop_runs_the_plain_module():
 
 
 def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
-    eager_loss, eager_weights = None, None
     with compiled.kept():
         compiled.set_compile(False)
         eager_loss, eager_weights = train_twice(small_convnet())

@@ -14,6 +14,7 @@ import raysim.resample as resample
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.oneshot.augment import crop_flip
 from raysim.bench.determinism import compare
+from raysim.config import ResourcesConfig
 from raysim.engine.devices import configure_torch
 from raysim.errors import RaysimError
 from raysim.models import build_model
@@ -83,7 +84,7 @@ def test_augmentations_and_pooling_give_the_same_results_on_the_deterministic_ro
 def test_cpu_actors_leave_deterministic_algorithms_off_so_cpu_numbers_are_unchanged():
     threads = torch.get_num_threads()
     try:
-        configure_torch(1, torch.device("cpu"), deterministic=True)
+        configure_torch(1, torch.device("cpu"), ResourcesConfig(deterministic=True))
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.set_num_threads(threads)
@@ -95,12 +96,12 @@ def test_cuda_actors_turn_on_deterministic_mode_and_follow_the_tf32_setting(monk
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     threads, saved = torch.get_num_threads(), (torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic)
     try:
-        configure_torch(1, torch.device("cuda"), deterministic=True, tf32=False)
+        configure_torch(1, torch.device("cuda"), ResourcesConfig(deterministic=True, tf32=False))
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
         assert not torch.backends.cudnn.allow_tf32
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
         torch.use_deterministic_algorithms(False)
-        configure_torch(1, torch.device("cuda"), deterministic=False, tf32=True)
+        configure_torch(1, torch.device("cuda"), ResourcesConfig(deterministic=False, tf32=True))
         assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.allow_tf32
     finally:
         torch.use_deterministic_algorithms(False)

@@ -152,11 +152,12 @@ def _case(name: str, o: dict, device) -> dict:
 def trajectory(opts: dict) -> dict[str, dict]:
     import torch
 
+    from raysim.config import ResourcesConfig
     from raysim.engine.devices import configure_torch
 
     o = _options(opts)
     device = _device(o["device"])
-    configure_torch(torch.get_num_threads(), device, o["deterministic"])
+    configure_torch(torch.get_num_threads(), device, ResourcesConfig(deterministic=o["deterministic"]))
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"cpu, {torch.get_num_threads()} thread(s)"
     print(
         f"trajectory matching on {where} (torch {torch.__version__}, deterministic={str(o['deterministic']).lower()}): "

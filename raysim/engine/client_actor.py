@@ -47,14 +47,7 @@ class ClientRuntime:
     ):
         self.config = config
         self.device = pick_device(gpus)
-        self.threads = configure_torch(
-            config.resources.cpus_per_actor,
-            self.device,
-            config.resources.deterministic,
-            config.resources.tf32,
-            config.resources.precision,
-            config.resources.compile,
-        )
+        self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources)
         self.algorithm = make_algorithm(config)
         self.ctx = Context(config, spec, self.device, config.model, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}

@@ -6,8 +6,12 @@ import logging
 import os
 import sys
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from raysim.config import ResourcesConfig
 
 log = logging.getLogger("raysim")
 
@@ -20,30 +24,23 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def configure_torch(
-    cpus: float,
-    device: torch.device,
-    deterministic: bool,
-    tf32: bool = True,
-    precision: str = "float32",
-    compile: bool = False,
-) -> int:
+def configure_torch(cpus: float, device: torch.device, resources: ResourcesConfig) -> int:
     """One torch thread per reserved CPU (fractional CPUs get one thread); returns the thread count.
-    On CUDA also the kernels' determinism and whether convolutions run in TF32 (PyTorch's default).
-    `precision`: the hot loops' autocast dtype in this process (raysim.precision); `compile`: whether
-    its hot loops' models are compiled (raysim.compiled)."""
+    From `resources`: on CUDA the kernels' determinism (`deterministic`) and whether convolutions run
+    in TF32 (`tf32`, PyTorch's default); the hot loops' autocast dtype (`precision`, raysim.precision)
+    and whether their models are compiled (`compile`, raysim.compiled), for this process."""
     from raysim.compiled import set_compile
     from raysim.precision import set_precision
 
-    set_precision(precision)
-    set_compile(compile)
+    set_precision(resources.precision)
+    set_compile(resources.compile)
     threads = max(1, int(cpus))
     torch.set_num_threads(threads)
     # Object-store arrays are read-only; raysim only ever copies out of them.
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     if device.type == "cuda":
-        torch.backends.cudnn.allow_tf32 = tf32
-    if device.type == "cuda" and deterministic:
+        torch.backends.cudnn.allow_tf32 = resources.tf32
+    if device.type == "cuda" and resources.deterministic:
         # Same numbers on every run and any number of actors: deterministic cuDNN and cuBLAS
         # kernels, and PyTorch's deterministic variants of the ops that add with atomics (gathers'
         # and index_add's backward). The two ops without such a variant that raysim uses take the

@@ -82,8 +82,7 @@ class ServerRuntime:
         self.device = pick_device(config.resources.server_gpus)
         # Fixed by the config and the node, never by the number of actors (see resources.server_threads).
         threads = config.resources.server_threads or len(os.sched_getaffinity(0))
-        res = config.resources
-        self.threads = configure_torch(threads, self.device, res.deterministic, res.tf32, res.precision, res.compile)
+        self.threads = configure_torch(threads, self.device, config.resources)
         spec = inputs.spec
         self.ctx = Context(
             config,
