@@ -12,7 +12,7 @@ callbacks write them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +22,15 @@ from raysim.config import Config, ModelConfig, client_architectures
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.seeding import MODEL_INIT, derive_seed
+
+OWN = "own"  # dataclasses.field metadata: a shared parameter whose value is each method's own (own_default)
+
+
+def own_default(value: Any) -> Any:
+    """A parameter that a family's methods share by name but each sets as its authors did (the
+    distillation optimiser and learning rate, say): a config that switches methods cannot carry one
+    method's value of it into another's run by accident (Algorithm.own_params)."""
+    return field(default=value, metadata={OWN: True})
 
 
 @dataclass
@@ -225,6 +234,17 @@ class Algorithm:
     def __init__(self, params: Any, config: Config):
         self.params = params
         self.config = config
+
+    @classmethod
+    def own_params(cls) -> set[str]:
+        """The parameters whose values are this method's own: those its Params class declares itself
+        (a parameter of its own, or a shared one with its own default) and the shared ones marked with
+        own_default; none where it takes its family's Params as they are. A config section written for
+        another method may not set them (the keys a family shares by a base class, such as a
+        generator's width or a batch, are the cell's to set)."""
+        inherited = any(cls.Params is getattr(base, "Params", None) for base in cls.__mro__[1:])
+        declared = set() if inherited else set(cls.Params.__dict__.get("__annotations__", {}))
+        return declared | {f.name for f in fields(cls.Params) if f.metadata.get(OWN)}
 
     @classmethod
     def check_config(cls, config: Config, params: Any) -> None:

@@ -8,6 +8,8 @@ module imports both; nothing imports back.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,11 @@ from raysim.config import (
     validate,
 )
 from raysim.errors import RaysimError
-from raysim.registry import check_algorithm_config, resolve_params
+from raysim.registry import algorithm_class, check_algorithm_config, resolve_params
+
+# Top-level section of a config file: algorithm keys for one method alone, applied when that method runs
+# (`per_method: {feddf: {kd_lr: 0.01}}`); the resolved config holds their effect, not the section.
+PER_METHOD = "per_method"
 
 
 def load_config(
@@ -29,10 +35,43 @@ def load_config(
 ) -> Config:
     """Read a YAML file (or start from `base`), apply overrides, validate everything."""
     tree = dict(base or {}) if path is None else read_yaml(path)
-    for text in overrides:
-        key_path, value = parse_override(text)
-        set_path(tree, key_path, value)
+    tree = apply_overrides(tree, [parse_override(text) for text in overrides])
     return config_from_dict(tree)
+
+
+def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str, Any]]) -> dict[str, Any]:
+    """`tree` with one batch of overrides (key path or dotted key, value) laid over it: the command
+    line's, a table cell's, a table method's, a sweep's fixed ones or a trial's.
+
+    A batch that switches `algorithm.name` runs another method on a section written for the first:
+    its shared keys carry over (a generator's width, a batch, the steps a cell scales down), but a
+    key that is one of the new method's own parameters (Algorithm.own_params: its distillation
+    optimiser, learning rate, temperature, augmentation ...) is refused unless this batch sets it
+    too or the config's `per_method:` section sets it for that method: one method's value must not
+    silently replace another's authors' default."""
+    tree = copy.deepcopy(tree)
+    items = [(key.split(".") if isinstance(key, str) else list(key), value) for key, value in items]
+    section = tree.get("algorithm")
+    written = dict(section) if isinstance(section, dict) else {}
+    for key_path, value in items:
+        set_path(tree, key_path, copy.deepcopy(value))
+    section = tree.get("algorithm")
+    name = section.get("name") if isinstance(section, dict) else None
+    if "name" in written and isinstance(name, str) and name != written["name"]:
+        explicit = {p[1] for p, _ in items if p[0] == "algorithm" and len(p) == 2}
+        per_method = tree.get(PER_METHOD) or {}
+        meant = per_method.get(name) if isinstance(per_method, dict) else None
+        meant = set(meant) if isinstance(meant, dict) else set()
+        carried = sorted(set(written) & algorithm_class(name).own_params() - explicit - meant)
+        if carried:
+            shown = ", ".join(f"algorithm.{k}={written[k]!r}" for k in carried)
+            raise RaysimError(
+                f"algorithm.name={name} runs on a section written for {written['name']} that sets {name}'s own "
+                f"parameter(s) {shown}: remove them from the shared section, or say they are meant for "
+                f"{name} ({PER_METHOD}: {{{name}: {{{carried[0]}: ...}}}} in the config, or "
+                f"algorithm.{carried[0]}=... beside algorithm.name={name})"
+            )
+    return tree
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:
@@ -40,6 +79,7 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     algorithm = tree.pop("algorithm", None) or {}
     if not isinstance(algorithm, dict):
         raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
+    algorithm = {**algorithm, **_per_method(tree.pop(PER_METHOD, None), str(algorithm.get("name", "fedavg")))}
     resources = tree.get("resources")
     if isinstance(resources, dict) and resources.get("actors") == "auto":
         tree["resources"] = {**resources, "actors": None}
@@ -49,3 +89,17 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     check_algorithm_config(config)
     client_architectures(config)  # a malformed clients.models fails here, before Ray starts
     return config
+
+
+def _per_method(section: Any, name: str) -> dict[str, Any]:
+    """The `per_method:` keys of the method that runs; every entry is checked against its method."""
+    if section is None:
+        return {}
+    if not isinstance(section, dict) or not all(isinstance(v, dict) for v in section.values()):
+        raise RaysimError(
+            f"config key '{PER_METHOD}' must map an algorithm's name to its keys, "
+            f"e.g. {PER_METHOD}: {{feddf: {{kd_lr: 0.001}}}}"
+        )
+    for method, keys in section.items():
+        resolve_params({**keys, "name": str(method)})
+    return dict(section.get(name) or {})

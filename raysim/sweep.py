@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from raysim.config import Config, parse_override, read_yaml, set_path
-from raysim.config_loading import config_from_dict
+from raysim.config import Config, parse_override, read_yaml
+from raysim.config_loading import apply_overrides, config_from_dict
 from raysim.errors import RaysimError
 
 SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")
@@ -70,10 +68,7 @@ class Sweep:
 
     def trial_config(self, params: dict[str, Any]) -> Config:
         """The base config with one trial's values for the swept keys."""
-        tree = yaml.safe_load(yaml.safe_dump(self.base_tree))  # a deep copy
-        for key, value in params.items():
-            set_path(tree, key.split("."), value)
-        return config_from_dict(tree)
+        return config_from_dict(apply_overrides(self.base_tree, params.items()))
 
     def example_params(self) -> dict[str, Any]:
         """One value per key (the first of a grid or choice, the low end of a range)."""
@@ -158,11 +153,9 @@ def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ())
     fixed = data.get("overrides") or {}
     if not isinstance(fixed, dict):
         raise RaysimError(f"sweep '{path}': 'overrides' must map config keys to values")
-    for key, value in fixed.items():
-        set_path(tree, str(key).split("."), value)
-    for text in overrides:  # command-line key=value, applied to the base like `raysim run` does
-        key_path, value = parse_override(text)
-        set_path(tree, key_path, value)
+    tree = apply_overrides(tree, ((str(key), value) for key, value in fixed.items()))
+    # command-line key=value, applied to the base like `raysim run` does
+    tree = apply_overrides(tree, [parse_override(text) for text in overrides])
     root = (tree.get("dataset") or {}).get("root")
     if root and not Path(root).is_absolute():  # trials run in other directories (and on other nodes)
         tree["dataset"]["root"] = str(Path(root).resolve())

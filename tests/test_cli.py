@@ -62,6 +62,7 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # imports every algorithm in subprocesses: about 7 s
 def test_listings():
     algorithms = raysim("algorithms")
     assert algorithms.returncode == 0
@@ -84,6 +85,7 @@ def test_listings():
         assert name in datasets.stdout
 
 
+@pytest.mark.slow  # draws a figure in a subprocess: about 5 s
 def test_partition_prints_counts_and_draws_the_bubble_chart(tmp_path):
     png = tmp_path / "partition.png"
     result = raysim("partition", QUICK, "partition.alpha=0.1", "--plot", str(png))

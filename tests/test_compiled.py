@@ -48,6 +48,7 @@ def test_off_the_training_loop_runs_the_plain_module():
     assert compiled.function(model.embed) == model.embed
 
 
+@pytest.mark.slow  # compiles a ConvNet's training loop: about 40 s
 def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
     with compiled.kept():
         compiled.set_compile(False)
@@ -62,6 +63,7 @@ def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
     assert all(torch.allclose(w, e, atol=1e-4) for w, e in zip(weights, eager_weights))
 
 
+@pytest.mark.slow  # compiles: about 6 s
 def test_the_dm_embedding_is_compiled_and_its_image_gradients_match_eager(compiling):
     from raysim.algorithms.condensed.matching import _embed_and_logits
 
@@ -77,6 +79,7 @@ def test_the_dm_embedding_is_compiled_and_its_image_gradients_match_eager(compil
     assert logits.shape == (6, 4)
 
 
+@pytest.mark.slow  # compiles: about 4 s
 def test_inputs_of_any_layout_share_one_graph(compiling):
     """DSA's flips and crops and slices of a batch hand the embedding other strides and offsets."""
     embed = compiled.function(small_convnet().requires_grad_(False).embed)

@@ -2,9 +2,10 @@
 settings: FedAF/FedDM (Wang et al., CVPR 2024), DynaFed (Pi et al., CVPR 2023, Sec. 6.1), DCFL (paper
 002: Table II grid, Table III targets) and FedHydra (Bai et al., KDD 2025, Sec. 4.1.5, Tables 1-10).
 
-Data-driven: tables of the files that must exist, of (configs, {dotted key: expected value}), of config
-pairs that must agree, and a few small rules that are not key=value. A config is named by its path
-under configs/ without .yaml ("fedaf/cifar10_alpha0.1"); a test id reads "config:key".
+One test per rule: each loops over the configs the rule covers and names every one that breaks it.
+The papers' settings below (of (configs, {dotted key: expected value})) are the oracle, read from the
+papers and their authors' code; each setting itself is written once, in its cell or its family's base.
+A config is named by its path under configs/ without .yaml ("fedaf/cifar10_alpha0.1").
 
 Config validation only: no Ray, no data (dataset.root is overridden with a dummy path; the models are
 built for the dataset's image shape, which needs no data).
@@ -127,14 +128,26 @@ FILE_SETS = [
 ]
 
 
-@pytest.mark.parametrize("found, how, expected", [pytest.param(*row[1:], id=row[0]) for row in FILE_SETS])
-def test_the_expected_files_exist(found, how, expected):
-    if how == "exactly":
-        assert set(found) == expected
-    elif how == "at least":
-        assert expected <= set(found), sorted(expected - set(found))
-    else:
-        assert found
+def test_the_expected_files_exist():
+    for what, found, how, expected in FILE_SETS:
+        if how == "exactly":
+            assert set(found) == expected, (what, sorted(set(found) ^ expected))
+        elif how == "at least":
+            assert expected <= set(found), (what, sorted(expected - set(found)))
+        else:
+            assert found, what
+
+
+def broken(checks) -> str:
+    """The failures of (what, check) pairs, one a line ('' when every check holds): a rule's test
+    names every config that breaks it, not only the first."""
+    lines = []
+    for what, check in checks:
+        try:
+            check()
+        except (AssertionError, RaysimError, KeyError) as exc:
+            lines.append(f"{what}: {type(exc).__name__} {exc}".strip())
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------ every config
@@ -142,20 +155,24 @@ def test_the_expected_files_exist(found, how, expected):
 RUN_SUFFIX = {"fedhydra": " "}  # the FedHydra commands always go on (algorithm.name=<method>)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_config_validates(name):
-    config = load(name)
-    assert config.dataset.name in DATASET_NAMES
-    assert config.model.name in MODEL_NAMES
-    assert config.partition.kind in PARTITION_KINDS
+def test_every_config_validates():
+    def check(name):
+        config = load(name)
+        assert config.dataset.name in DATASET_NAMES
+        assert config.model.name in MODEL_NAMES
+        assert config.partition.kind in PARTITION_KINDS
+
+    assert not broken((name, lambda name=name: check(name)) for name in CONFIGS)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
-def test_header_says_how_to_run_it(name):
-    text = path(name).read_text()
-    assert text.startswith("#"), "start with a comment saying what the file reproduces"
-    folder = name.rpartition("/")[0]
-    assert f"raysim run configs/{name}.yaml{RUN_SUFFIX.get(folder, '')}" in text
+def test_every_header_says_how_to_run_it():
+    def check(name):
+        text = path(name).read_text()
+        assert text.startswith("#"), "start with a comment saying what the file reproduces"
+        folder = name.rpartition("/")[0]
+        assert f"raysim run configs/{name}.yaml{RUN_SUFFIX.get(folder, '')}" in text, "no run line"
+
+    assert not broken((name, lambda name=name: check(name)) for name in CONFIGS)
 
 
 # ------------------------------------------------------------------ settings: (configs, {dotted key: expected})
@@ -399,38 +416,32 @@ def plain(expected):
     return getattr(expected, "expected", expected)  # the value inside approx()
 
 
-def setting_rows() -> list:
-    """One test per (config, overrides, key); a key expected twice keeps each distinct expectation once."""
-    table: dict[tuple, list] = {}
-    for names, overrides, checks in [(n, (), c) for n, c in EXPECT] + EXPECT_WITH_OVERRIDES:
-        for name in names:
-            for dotted, expected in checks.items():
-                found = table.setdefault((name, overrides, dotted), [])
-                same = [i for i, e in enumerate(found) if not callable(e) and plain(e) == plain(expected)]
-                if callable(expected) or not same:
-                    found.append(expected)
-                elif plain(found[same[0]]) is not found[same[0]]:  # prefer an exact expectation to approx()
-                    found[same[0]] = expected
-    return [
-        pytest.param(name, overrides, dotted, expected, id=f"{'+'.join([name, *overrides])}:{dotted}")
-        for (name, overrides, dotted), expected in table.items()
-    ]
-
-
-@pytest.mark.parametrize("name, overrides, dotted, expectations", setting_rows())
-def test_setting(name, overrides, dotted, expectations):
+def check_setting(name: str, overrides: tuple[str, ...], dotted: str, expected) -> None:
     if dotted.startswith("yaml:"):
         config, actual = None, get(shipped(name), dotted.removeprefix("yaml:"))
     else:
         config = load(name, overrides)
         actual = get(config, dotted)
-    for expected in expectations:
-        if callable(expected):
-            expected = expected(config)
-        if expected is None or isinstance(expected, bool):
-            assert actual is expected
-        else:
-            assert actual == expected
+    if callable(expected):
+        expected = expected(config)
+    if expected is None or isinstance(expected, bool):
+        assert actual is expected, f"{dotted} is {actual!r}, expected {expected!r}"
+    else:
+        assert actual == expected, f"{dotted} is {actual!r}, expected {plain(expected)!r}"
+
+
+def test_every_config_carries_its_papers_settings():
+    """The rule: a config runs the setting its paper (and its file name) gives. Every (config, key)
+    of EXPECT and EXPECT_WITH_OVERRIDES is checked on the resolved config; the failures are listed."""
+    rows = [(n, (), c) for n, c in EXPECT] + EXPECT_WITH_OVERRIDES
+    checks = [
+        (f"{'+'.join([name, *overrides])}:{dotted}", lambda a=(name, overrides, dotted, e): check_setting(*a))
+        for names, overrides, expected in rows
+        for name in names
+        for dotted, e in expected.items()
+    ]
+    assert len(checks) > 1000  # the oracle is not empty
+    assert not broken(checks)
 
 
 # ------------------------------------------------------------------ pairs that agree: (a, b, key or "*" but ...)
@@ -481,15 +492,14 @@ def without(tree: dict, dotted_keys) -> dict:
     return tree
 
 
-@pytest.mark.parametrize(
-    "a, b, dotted, ignoring",
-    [pytest.param(*row, id=f"{row[0]}={row[1]}:{row[2]}{''.join('-' + k for k in row[3])}") for row in SAME],
-)
-def test_pair_agrees(a, b, dotted, ignoring):
-    if dotted == "*":
-        assert without(load(a).to_dict(), ignoring) == without(load(b).to_dict(), ignoring)
-    else:
-        assert get(load(a), dotted) == get(load(b), dotted)
+def test_configs_compared_with_each_other_agree_on_what_they_share():
+    def check(a, b, dotted, ignoring):
+        if dotted == "*":
+            assert without(load(a).to_dict(), ignoring) == without(load(b).to_dict(), ignoring)
+        else:
+            assert get(load(a), dotted) == get(load(b), dotted)
+
+    assert not broken((f"{a}={b}:{dotted}", lambda row=row: check(*row)) for row in SAME for a, b, dotted, _ in [row])
 
 
 # ------------------------------------------------------------------ FedHydra rules
@@ -524,42 +534,48 @@ def spec(config) -> ModelSpec:
     return ModelSpec(config, in_channels=channels, num_classes=classes, image_size=size)
 
 
-@pytest.mark.parametrize("name", files("fedhydra/*"))
-def test_fedhydra_header_names_the_methods_to_run(name):
-    methods = header_methods(name)
-    assert methods, "the header names the methods to run ('#   methods: ...')"
-    # FedAvg one-shot and OT fusion combine weights: not with one architecture per client
-    assert methods == list(DISTILLATION if heterogeneous(name) else HYDRA_METHODS)
+def test_fedhydra_headers_name_the_methods_to_run():
+    def check(name):
+        methods = header_methods(name)
+        assert methods, "the header names the methods to run ('#   methods: ...')"
+        # FedAvg one-shot and OT fusion combine weights: not with one architecture per client
+        assert methods == list(DISTILLATION if heterogeneous(name) else HYDRA_METHODS)
+
+    assert not broken((name, lambda name=name: check(name)) for name in files("fedhydra/*"))
 
 
-@pytest.mark.parametrize(
-    "name, method", [pytest.param(n, m, id=f"{n}:{m}") for n in files("fedhydra/*") for m in header_methods(n)]
-)
-def test_fedhydra_config_validates_with_every_method_its_header_names(name, method):
-    config = load(name, (f"algorithm.name={method}",))
-    assert config.algorithm["name"] == method
-    assert config.clients_per_round() == config.clients.num  # one-shot: every client uploads
-    assert config.rounds % config.algorithm["global_rounds"] == 0
-    # the method takes one model per client where the file gives them (what check_models checks)
-    assert algorithm_class(method).supports_client_models or not spec(config).heterogeneous
+def test_fedhydra_configs_validate_with_every_method_their_headers_name():
+    def check(name, method):
+        config = load(name, (f"algorithm.name={method}",))
+        assert config.algorithm["name"] == method
+        assert config.clients_per_round() == config.clients.num  # one-shot: every client uploads
+        assert config.rounds % config.algorithm["global_rounds"] == 0
+        # the method takes one model per client where the file gives them (what check_models checks)
+        assert algorithm_class(method).supports_client_models or not spec(config).heterogeneous
+
+    pairs = [(n, m) for n in files("fedhydra/*") for m in header_methods(n)]
+    assert not broken((f"{n}:{m}", lambda n=n, m=m: check(n, m)) for n, m in pairs)
 
 
-_BUILT: set[tuple] = set()
+def test_every_fedhydra_architecture_builds_for_its_dataset():
+    """Each distinct (dataset, set of architectures) of the FedHydra configs is built and checked once."""
+    distinct = {}
+    for name in files("fedhydra/*"):
+        model_spec = spec(load(name))
+        key = (
+            model_spec.config.dataset.name,
+            *sorted({a.describe() for a in [model_spec.config.model, *model_spec.architectures]}),
+        )
+        distinct.setdefault(key, (name, model_spec))
+    assert len(distinct) >= 4
+    assert not broken((name, lambda s=s: check_models(s)) for name, s in distinct.values())
 
 
-@pytest.mark.parametrize("name", files("fedhydra/*"))
-def test_every_fedhydra_architecture_builds_for_the_dataset(name):
-    config = load(name)
-    model_spec = spec(config)
-    built = (config.dataset.name, *sorted({a.describe() for a in [config.model, *model_spec.architectures]}))
-    if built not in _BUILT:  # building GoogLeNet and ResNet18 takes a second: once per set of models
-        check_models(model_spec)
-        _BUILT.add(built)
-
-
-@pytest.mark.parametrize("name", files("fedhydra/*_hetero_*", cpu=False))
-def test_fedhydra_heterogeneous_clients_are_m1_to_m5(name):
-    assert [a.name for a in spec(load(name)).architectures] == HYDRA_HETERO
+def test_fedhydra_heterogeneous_clients_are_m1_to_m5():
+    hetero = files("fedhydra/*_hetero_*", cpu=False)
+    assert hetero
+    for name in hetero:
+        assert [a.name for a in spec(load(name)).architectures] == HYDRA_HETERO, name
 
 
 def test_weight_combining_methods_refuse_heterogeneous_configs():
@@ -571,11 +587,11 @@ def test_weight_combining_methods_refuse_heterogeneous_configs():
             check_models(spec(load(hetero[0], (f"algorithm.name={method}",))))
 
 
-@pytest.mark.parametrize("name", files("fedhydra/*", cpu=False))
-def test_fedhydra_paper_scale_fits_five_clients_and_the_server_on_one_gpu(name):
-    res = load(name).resources
-    assert res.gpus_per_actor > 0 and res.server_gpus > 0
-    assert 5 * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9
+def test_fedhydra_paper_scale_fits_five_clients_and_the_server_on_one_gpu():
+    for name in files("fedhydra/*", cpu=False):
+        res = load(name).resources
+        assert res.gpus_per_actor > 0 and res.server_gpus > 0, name
+        assert 5 * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9, name
 
 
 def test_fedhydra_lambda_sweep_covers_table_6():
@@ -613,22 +629,27 @@ def own_keys(name: str) -> dict:
     }
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if n.rpartition("/")[0] in FAMILIES_WITH_BASES])
-def test_cell_extends_its_family_base_and_repeats_none_of_it(name):
+def test_every_cell_extends_its_family_base_and_repeats_none_of_it():
     """Every config of a family with a base extends base.yaml (paper scale) or base_cpu.yaml (2-core
     scale, itself over base.yaml where the family has one), and sets no key to the value it would get
     from there anyway: a setting shared by the family lives in one file."""
-    folder, _, stem = name.rpartition("/")
-    text = yaml.safe_load(path(name).read_text())
-    expected = {"base": None, "base_cpu": "base.yaml" if (CONFIGS_DIR / folder / "base.yaml").is_file() else None}.get(
-        stem, "base_cpu.yaml" if stem.endswith("_cpu") else "base.yaml"
-    )
-    assert text.get("extends") == expected
-    if expected is None:
-        return
-    inherited = read_yaml(CONFIGS_DIR / folder / expected)
-    repeated = [k for k, v in own_keys(name).items() if _inherited(inherited, k) == (v,)]
-    assert not repeated, f"{name} repeats {repeated} from {folder}/{expected}: drop them"
+
+    def check(name):
+        folder, _, stem = name.rpartition("/")
+        text = yaml.safe_load(path(name).read_text())
+        has_base = (CONFIGS_DIR / folder / "base.yaml").is_file()
+        expected = {"base": None, "base_cpu": "base.yaml" if has_base else None}.get(
+            stem, "base_cpu.yaml" if stem.endswith("_cpu") else "base.yaml"
+        )
+        assert text.get("extends") == expected, f"extends {text.get('extends')!r}, expected {expected!r}"
+        if expected is None:
+            return
+        inherited = read_yaml(CONFIGS_DIR / folder / expected)
+        repeated = [k for k, v in own_keys(name).items() if _inherited(inherited, k) == (v,)]
+        assert not repeated, f"repeats {repeated} from {folder}/{expected}: drop them"
+
+    cells = [n for n in CONFIGS if n.rpartition("/")[0] in FAMILIES_WITH_BASES]
+    assert not broken((name, lambda name=name: check(name)) for name in cells)
 
 
 def _inherited(tree: dict, dotted: str) -> tuple:
@@ -638,3 +659,51 @@ def _inherited(tree: dict, dotted: str) -> tuple:
             return ()
         tree = tree[part]
     return (tree,)
+
+
+# ------------------------------------------------------------------ a cell cannot change a method's own defaults
+
+
+def test_a_shared_section_cannot_carry_one_methods_value_of_anothers_own_parameter(tmp_path):
+    """A config written for FedHydra and run as FedDF or DENSE (algorithm.name on the command line, a
+    table's method) keeps its shared keys, but one that is the new method's own parameter is refused in
+    one line naming it and both ways of saying it is meant."""
+    planted = tmp_path / "cell.yaml"
+    planted.write_text("extends: fedhydra/cifar10_alpha0.1_cpu\nalgorithm: {kd_lr: 0.01, ngf: 8}\n")
+    assert load_config(planted, ["algorithm.name=fedhydra"]).algorithm["kd_lr"] == 0.01  # its own method
+    for method in ("feddf", "dense", "coboosting"):
+        with pytest.raises(
+            RaysimError, match=rf"algorithm.name={method} .* {method}'s own .*algorithm.kd_lr=0.01"
+        ) as exc:
+            load_config(planted, [f"algorithm.name={method}"])
+        assert "\n" not in str(exc.value) and "per_method" in str(exc.value)
+
+
+def test_a_method_gets_its_own_value_said_per_method_or_beside_the_switch(tmp_path):
+    planted = tmp_path / "cell.yaml"
+    planted.write_text(
+        "extends: fedhydra/cifar10_alpha0.1_cpu\n"
+        "algorithm: {kd_lr: 0.01, ngf: 8}\n"
+        "per_method: {feddf: {kd_lr: 0.002}}\n"
+    )
+    root = f"algorithm.distill_root={tmp_path}"
+    feddf = load_config(planted, ["algorithm.name=feddf", root])
+    assert (feddf.algorithm["kd_lr"], feddf.algorithm["ngf"]) == (0.002, 8)  # its own; the shared key carried
+    assert "per_method" not in feddf.to_dict()  # the resolved config holds the effect, not the section
+    dense = load_config(planted, ["algorithm.name=dense", "algorithm.kd_lr=0.02"])
+    assert dense.algorithm["kd_lr"] == 0.02
+    planted.write_text("extends: fedhydra/cifar10_alpha0.1_cpu\nper_method: {feddf: {kd_lr: 0.01, nosuch: 1}}\n")
+    with pytest.raises(RaysimError, match="unknown config key 'algorithm.nosuch' for algorithm 'feddf'"):
+        load_config(planted)
+
+
+def test_every_method_of_a_shipped_cell_runs_with_its_own_defaults():
+    """Through the tables and the command line, each one-shot method of the 2-core cells gets its
+    authors' distillation settings, not those of the method the cell is written for."""
+    own = {m: algorithm_class(m).Params() for m in ("feddf", "dense", "coboosting", "fedhydra")}
+    for name in files("fedhydra/*"):
+        for method in set(header_methods(name)) & set(own):
+            config = load(name, (f"algorithm.name={method}",))
+            for key in algorithm_class(method).own_params() & {"kd_lr", "kd_optimizer", "temperature", "kd_schedule"}:
+                assert config.algorithm[key] == getattr(own[method], key), (name, method, key)
+    assert own["feddf"].kd_lr == 0.001 and own["dense"].kd_lr == 0.005

@@ -264,6 +264,7 @@ def _shared(name: str) -> Path:
     return root
 
 
+@pytest.mark.slow  # decodes the real MNIST: about 6 s
 @pytest.mark.shared_data
 def test_shared_mnist():
     ds = load_dataset("mnist", _shared("mnist"))
@@ -272,6 +273,7 @@ def test_shared_mnist():
     assert abs(float(ds.mean_std()[0][0]) - 0.1307) < 0.002
 
 
+@pytest.mark.slow  # decodes the real CIFAR-10: about 10 s
 @pytest.mark.shared_data
 def test_shared_cifar10():
     ds = load_dataset("cifar10", _shared("cifar10"))

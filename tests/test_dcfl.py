@@ -254,6 +254,7 @@ def _recovered(m: np.ndarray, group_of: list[int]) -> list[bool]:
     return out
 
 
+@pytest.mark.slow  # trains 20 client models: about 10 s
 def test_cka_grouping_recovers_planted_groups_when_clients_start_from_different_global_models():
     """The default (`cka_on: initial`) compares classifiers trained from w^0 and recovers every group,
     and the complement rule crosses them; comparing the newest classifiers (`latest`, raysim before

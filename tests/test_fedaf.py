@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import torch
 
 from raysim.outputs.state_files import load_state
@@ -103,6 +104,7 @@ def test_ablations_and_feddm_run_and_log_condensed_images(run_tiny):
     assert len(events.Images("condensed/images_per_class")) == 2  # one grid per round
 
 
+@pytest.mark.slow  # a paper-scale condensation step: about 15 s
 def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     """Appendix C at the paper's scale (IPC 50, ConvNet width 128, CIFAR-10 alpha 0.05, the real
     partition): every client's upload follows the formula, the clients' mean is under half of the

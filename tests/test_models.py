@@ -168,6 +168,7 @@ print("gradients ok")
 """
 
 
+@pytest.mark.slow  # about 7 s
 def test_narrow_resnet_shortcut_gradients_are_right_with_two_threads_and_an_odd_batch():
     import subprocess
     import sys

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm, ClientData, Context, Reply
+from raysim.algorithm import Algorithm, ClientData, Context, Reply, own_default
 from raysim.algorithms.oneshot import client_cache
 from raysim.algorithms.oneshot.augment import AUGMENTATIONS
 from raysim.algorithms.oneshot.datafree import add_to_pool, distill_epoch, synthesize
@@ -67,7 +67,7 @@ class OneShotParams:
     nz: int = 256
     ngf: int = 64
     generator_steps: int = 30  # T_G: generator steps per synthesis
-    generator_lr: float = 1e-3
+    generator_lr: float = own_default(1e-3)
     synthesis_batch: int = 256  # images per synthesis (one synthesis per distillation epoch)
     pool_size: int = 0  # newest images kept in the pool; 0 keeps all (the authors)
     stratify_steps: int = 20  # FedHydra's model stratification: generator steps per (client, class) ...
@@ -76,17 +76,17 @@ class OneShotParams:
     # method's authors' code does on this dataset (each method's docstring); `augment: false` turns
     # every augmentation off (FedHydra's stratification included)
     augment: bool = True
-    synthesis_augment: str = "auto"  # what the ensemble and the student see while the generator trains
-    distill_augment: str = "auto"  # what they see of the pool during distillation
-    generator_grad_clip: float = 0.0  # > 0: the generator's gradient norm is clipped to it
+    synthesis_augment: str = own_default("auto")  # what the ensemble and the student see while the generator trains
+    distill_augment: str = own_default("auto")  # what they see of the pool during distillation
+    generator_grad_clip: float = own_default(0.0)  # > 0: the generator's gradient norm is clipped to it
     # distillation into the server model
     kd_batch: int = 256
-    kd_optimizer: str = "sgd"  # sgd | adam
-    kd_lr: float = 0.01
-    kd_momentum: float = 0.9  # sgd only
-    kd_weight_decay: float = 0.0
-    kd_schedule: str = "constant"  # constant | cosine (annealed to 0 over a global round's epochs)
-    kd_grad_clip: float = 0.0  # > 0: the student's gradient norm is clipped to it
+    kd_optimizer: str = own_default("sgd")  # sgd | adam
+    kd_lr: float = own_default(0.01)
+    kd_momentum: float = own_default(0.9)  # sgd only
+    kd_weight_decay: float = own_default(0.0)
+    kd_schedule: str = own_default("constant")  # constant | cosine (annealed to 0 over a global round's epochs)
+    kd_grad_clip: float = own_default(0.0)  # > 0: the student's gradient norm is clipped to it
 
     def validate(self) -> None:
         for key in ("global_rounds", "nz", "ngf", "synthesis_batch", "kd_batch"):

@@ -46,8 +46,8 @@ def plan_runs(
     """Every run of the selection, its config built and validated now (before anything runs).
     `resources` are `resources.key=value` overrides: how the runs use the machine at hand (the
     table decides everything else, so they are the only keys that may change)."""
-    from raysim.config import parse_override, set_path
-    from raysim.config_loading import config_from_dict
+    from raysim.config import parse_override
+    from raysim.config_loading import apply_overrides, config_from_dict
 
     parsed = []
     for text in resources:
@@ -62,9 +62,7 @@ def plan_runs(
     for cell in cells:
         for method in methods:
             for seed in seeds:
-                tree = table.config_tree(cell, method, scale, seed, data_root)
-                for key_path, value in parsed:
-                    set_path(tree, key_path, value)
+                tree = apply_overrides(table.config_tree(cell, method, scale, seed, data_root), parsed)
                 dataset = tree.get("dataset") or {}
                 if dataset.get("name", "embedded") != "embedded" and not Path(str(dataset.get("root"))).is_dir():
                     where = f"there is no {dataset['root']}" if dataset.get("root") else "no data folder was given"

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from raysim.config import Config, read_yaml, set_path
+from raysim.config import Config, read_yaml
 from raysim.errors import RaysimError
 from raysim.shipped_configs import ROOT as CONFIGS_ROOT
 from raysim.shipped_configs import resolve
@@ -110,11 +110,14 @@ class Table:
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
                 f"(it has {', '.join(c.configs)}): choose --scale {' or '.join(c.configs)} or leave the cell out"
             )
+        from raysim.config_loading import apply_overrides
+
         tree = read_yaml(resolve(c.method_configs.get(method, {}).get(scale, c.configs[scale])))
         if m.algorithm is not None:
             tree["algorithm"] = copy.deepcopy(m.algorithm)
-        for key, value in {**c.overrides.get(scale, {}), **m.overrides}.items():
-            set_path(tree, key.split("."), copy.deepcopy(value))
+        # the cell's overrides hold for every method, the method's for it alone (apply_overrides)
+        tree = apply_overrides(tree, c.overrides.get(scale, {}).items())
+        tree = apply_overrides(tree, m.overrides.items())
         tree["seed"] = seed
         dataset = tree.setdefault("dataset", {})
         if data_root is not None and dataset.get("name", "embedded") != "embedded":
