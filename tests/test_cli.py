@@ -56,6 +56,7 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, args, words)
     assert not (tmp_path / "run").exists()  # nothing half-made
 
 
+@pytest.mark.slow  # a subprocess: about 4 s
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     result = raysim("run", "--resume", str(tmp_path))
     assert result.returncode == 2 and "not a run directory" in result.stderr

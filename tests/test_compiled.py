@@ -92,6 +92,7 @@ def test_inputs_of_any_layout_share_one_graph(compiling):
     assert torch.allclose(embed(x[:10]), expected)
 
 
+@pytest.mark.slow  # compiles forward and backward: about 7 s
 def test_a_compiled_graph_can_be_walked_back_twice(compiling):
     """FedAF logs its terms' gradient ratio with two backward passes through one step's graph."""
     model = small_convnet().requires_grad_(False)

@@ -27,6 +27,7 @@ RUNS = [
 ]
 
 
+@pytest.mark.slow  # builds about 500 configs: about 8 s
 def test_every_run_of_every_shipped_table_builds_a_valid_config():
     """Each (table, cell, scale): every method's config validates with the seed and data folder asked
     for, and the methods of a cell share everything but the algorithm (and the resources it needs)."""
