@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
-        from raysim.named_config import load_named_config
+        from raysim.config.named import load_named_config
         from raysim.runner import prepare
 
         config = load_named_config(args.config, args.overrides)
@@ -105,10 +105,10 @@ def _resume_config_without_code(run_dir, overrides: list[str]):
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from raysim.config_loading import load_config
+    from raysim.config.files import resolve
+    from raysim.config.load import load_config
     from raysim.partition import format_counts
     from raysim.runner import prepare
-    from raysim.shipped_configs import resolve
 
     config = load_config(resolve(args.config), args.overrides)
     exp = prepare(config)
@@ -192,7 +192,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise RaysimError(
             f"'{out}' already holds a sweep: continue it with 'raysim tune --resume {out}' or choose another --out"
         )
-    from raysim.shipped_configs import resolve
+    from raysim.config.files import resolve
 
     run_sweep(load_sweep(resolve(args.sweep), args.overrides), out, args.address)
     return 0
@@ -200,8 +200,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _cmd_configs(args: argparse.Namespace) -> int:
     from raysim.config import dump_config
-    from raysim.config_loading import load_config
-    from raysim.shipped_configs import list_configs, resolve
+    from raysim.config.files import list_configs, resolve
+    from raysim.config.load import load_config
 
     if args.config:  # the whole config a run would use: its extends: chain, the overrides and the defaults
         print(dump_config(load_config(resolve(args.config), args.overrides)), end="")

@@ -14,7 +14,7 @@ import numpy as np
 
 from raysim.algorithm import ModelSpec
 from raysim.config import Config, dump_config
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
 from raysim.errors import RaysimError, first_line

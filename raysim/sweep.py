@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import Config, parse_override, read_yaml
-from raysim.config_loading import apply_overrides, config_from_dict
+from raysim.config.load import apply_overrides, config_from_dict
 from raysim.errors import RaysimError
 
 SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")

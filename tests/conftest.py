@@ -110,7 +110,7 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
     checks that both give the same numbers. Runs are deterministic, so a run with the same
     overrides is done once per session and shared.
     """
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.runner import run_experiment
 
     def run(**overrides):

@@ -172,7 +172,7 @@ def test_the_readme_lists_every_algorithm():
 
 
 def test_moon_refuses_a_temperature_or_mu_it_cannot_use():
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.errors import RaysimError
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"

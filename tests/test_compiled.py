@@ -104,7 +104,7 @@ def test_a_compiled_graph_can_be_walked_back_twice(compiling):
 
 
 def test_a_bad_compile_value_is_one_line():
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.errors import RaysimError
 
     with pytest.raises(RaysimError, match="config key 'resources.compile' must be true or false, got 'maybe'"):

@@ -24,7 +24,7 @@ from pytest import approx
 
 from raysim.algorithm import ModelSpec
 from raysim.config import read_yaml
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.data.loading import DATASET_NAMES
 from raysim.errors import RaysimError
 from raysim.models import MODEL_NAMES

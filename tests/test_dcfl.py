@@ -18,7 +18,7 @@ from raysim.algorithms.condensed.dcfl import (
     random_group,
 )
 from raysim.algorithms.condensed.similarity import cka_matrix
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
 from raysim.models import build_model

@@ -69,7 +69,7 @@ def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_on
 
 
 def test_a_model_that_the_algorithm_cannot_use_is_refused_before_ray_starts():
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.errors import RaysimError
     from raysim.runner import prepare
 

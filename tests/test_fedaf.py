@@ -29,7 +29,7 @@ def fedaf(**extra):
 
 def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     """Round 2 starts from the set round 1 produced: with image lr 0 it must come back unchanged."""
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.engine.client_actor import ClientRuntime
     from raysim.registry import make_algorithm
     from raysim.runner import prepare
@@ -66,7 +66,7 @@ def client_bytes(run_dir):
 
 
 def test_fedaf_upload_is_counted_as_in_appendix_c(run_tiny):
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.runner import prepare
 
     overrides = fedaf(**{"algorithm.quantize_uint8": True, "clients.per_round": 3})
@@ -109,7 +109,7 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     """Appendix C at the paper's scale (IPC 50, ConvNet width 128, CIFAR-10 alpha 0.05, the real
     partition): every client's upload follows the formula, the clients' mean is under half of the
     ConvNet that FedAvg uploads, and a few percent of ResNet18 (the paper's Table 7 comparison)."""
-    from raysim.config_loading import load_config
+    from raysim.config.load import load_config
     from raysim.models import build_model
     from raysim.registry import make_algorithm
     from raysim.runner import prepare

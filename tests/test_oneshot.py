@@ -29,7 +29,7 @@ from raysim.algorithms.oneshot.losses import (
     hard_sample_cross_entropy,
 )
 from raysim.algorithms.oneshot.stratify import loss_variation, rank_against_predictions
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing

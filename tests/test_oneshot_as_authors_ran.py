@@ -22,7 +22,7 @@ from raysim.algorithms.oneshot.augment import augment_images
 from raysim.algorithms.oneshot.ensemble import normalise_over_classes, normalise_over_clients, stratified_logits
 from raysim.algorithms.oneshot.losses import distillation_loss
 from raysim.algorithms.oneshot.transfer import to_shape
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.registry import class_and_params
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.errors import RaysimError
 from tests.conftest import tiny_overrides
 

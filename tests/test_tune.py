@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from raysim.config import ResourcesConfig
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.errors import RaysimError
 from raysim.sweep import load_sweep
 from raysim.tuning import trial_bundles

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config_loading import load_config
+from raysim.config.load import load_config
 from raysim.data.arrays import with_validation_split
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError

@@ -131,7 +131,7 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
 
 
 def cell(opts: dict) -> None:
-    from raysim.named_config import load_named_config
+    from raysim.config.named import load_named_config
     from raysim.registry import algorithm_class
 
     if not opts["config"]:

@@ -106,8 +106,8 @@ SETTINGS: dict[str, dict[str, object]] = {
 
 
 def _config(name: str, actors: int, gpus: float, deterministic: bool):
-    from raysim.config_loading import load_config
-    from raysim.shipped_configs import ROOT
+    from raysim.config.files import ROOT
+    from raysim.config.load import load_config
 
     overrides = {
         **SETTINGS[name],

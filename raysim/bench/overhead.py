@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.config import Config
-from raysim.config_loading import config_from_dict
+from raysim.config.load import config_from_dict
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 

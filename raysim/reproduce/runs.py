@@ -47,7 +47,7 @@ def plan_runs(
     `resources` are `resources.key=value` overrides: how the runs use the machine at hand (the
     table decides everything else, so they are the only keys that may change)."""
     from raysim.config import parse_override
-    from raysim.config_loading import apply_overrides, config_from_dict
+    from raysim.config.load import apply_overrides, config_from_dict
 
     parsed = []
     for text in resources:

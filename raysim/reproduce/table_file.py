@@ -41,9 +41,9 @@ from typing import Any
 import yaml
 
 from raysim.config import Config, read_yaml
+from raysim.config.files import ROOT as CONFIGS_ROOT
+from raysim.config.files import resolve
 from raysim.errors import RaysimError
-from raysim.shipped_configs import ROOT as CONFIGS_ROOT
-from raysim.shipped_configs import resolve
 
 TABLES_DIR = CONFIGS_ROOT / "tables"
 SCALES = ("cpu", "paper")
@@ -97,7 +97,7 @@ class Table:
 
     def config(self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None) -> Config:
         """The validated config of one run (see the module docstring)."""
-        from raysim.config_loading import config_from_dict
+        from raysim.config.load import config_from_dict
 
         return config_from_dict(self.config_tree(cell, method, scale, seed, data_root))
 
@@ -110,7 +110,7 @@ class Table:
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
                 f"(it has {', '.join(c.configs)}): choose --scale {' or '.join(c.configs)} or leave the cell out"
             )
-        from raysim.config_loading import apply_overrides
+        from raysim.config.load import apply_overrides
 
         tree = read_yaml(resolve(c.method_configs.get(method, {}).get(scale, c.configs[scale])))
         if m.algorithm is not None:

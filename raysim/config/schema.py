@@ -1,23 +1,18 @@
-"""Experiment configuration: YAML file + `key.sub=value` overrides -> typed, validated Config.
+"""The experiment's schema: one dataclass per config section, the resolved Config, and the value
+checks that need no data (those that do live in the data and partition code).
 
-Every key is declared in a dataclass below (the algorithm's own keys in the
-algorithm's `Params` dataclass), so a misspelt or unknown key is an error
-before Ray starts, never silently ignored.
+Every key is declared here (the algorithm's own keys in its `Params` dataclass), so a misspelt or
+unknown key is an error before Ray starts, never silently ignored.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import re
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import yaml
 
+from raysim.config.parse import build_dataclass
 from raysim.errors import RaysimError
 
 
@@ -171,208 +166,6 @@ class Config:
 
 
 # ---------------------------------------------------------------- parsing
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
-
-
-def coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`, converting int->float where harmless."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return coerce(value, option, key)
-            except RaysimError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if tp is float:
-        if isinstance(value, str) and _SCIENTIFIC.match(value):
-            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RaysimError(f"config key '{key}' must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise RaysimError(f"config key '{key}' must be a finite number, got {value}")
-        check_named_number(key, value)
-        # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
-        return value
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise RaysimError(f"config key '{key}' must be an integer, got {value!r}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise RaysimError(f"config key '{key}' must be true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise RaysimError(f"config key '{key}' must be a string, got {value!r}")
-        return str(value)
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise RaysimError(f"config key '{key}' must be a list, got {value!r}")
-        (item_tp, *_) = typing.get_args(tp) or (Any,)
-        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is Any:
-        return value
-    raise RaysimError(f"config key '{key}' has unsupported type {_type_name(tp)}")
-
-
-def check_named_number(key: str, value: float) -> None:
-    """Ranges that hold for a key wherever it appears (local.*, algorithm.*): learning rates,
-    momenta and weight decays, by the name's last part."""
-    name = key.rsplit(".", 1)[-1]
-    if (name == "lr" or name.endswith("_lr")) and value < 0:
-        raise RaysimError(f"config key '{key}' is a learning rate and must be >= 0, got {value}")
-    if (name == "momentum" or name.endswith("_momentum")) and not 0 <= value < 1:
-        raise RaysimError(f"config key '{key}' is a momentum and must be in [0, 1), got {value}")
-    if (name == "weight_decay" or name.endswith("_weight_decay")) and value < 0:
-        raise RaysimError(f"config key '{key}' is a weight decay and must be >= 0, got {value}")
-
-
-def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys and bad types."""
-    if not isinstance(values, dict):
-        raise RaysimError(f"config section '{prefix}' must be a mapping of keys, got {values!r}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
-    for key in values:
-        if key not in known:
-            where = f"'{prefix}.{key}'" if prefix else f"'{key}'"
-            raise RaysimError(
-                f"unknown config key {where}: valid keys{' under ' + repr(prefix) if prefix else ''} "
-                f"are {', '.join(sorted(known))}"
-            )
-    kwargs = {}
-    for name, value in values.items():
-        key = f"{prefix}.{name}" if prefix else name
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = build_dataclass(tp, value or {}, key)
-        else:
-            kwargs[name] = coerce(value, tp, key)
-    return cls(**kwargs)
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    if "=" not in text:
-        raise RaysimError(f"override '{text}' is not of the form key.sub=value (e.g. rounds=10)")
-    key, raw = text.split("=", 1)
-    if not key or any(not part for part in key.split(".")):
-        raise RaysimError(f"override '{text}' has an empty key: write it as key.sub=value")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else None
-    except yaml.YAMLError:
-        value = raw
-    return key.split("."), value
-
-
-def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
-    node = tree
-    for part in path[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise RaysimError(f"config key '{'.'.join(path)}': '{part}' is a value, not a section")
-        node = child
-    node[path[-1]] = value
-
-
-EXTENDS_KEY = "extends"
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's tree, with its `extends:` chain merged in.
-
-    `extends: base.yaml` names another config (a path relative to this file's folder, or a shipped
-    config's name such as `fedaf/cifar10_cpu`); this file's keys are laid over that tree section by
-    section (`merge_trees`), except that an `algorithm:` naming another algorithm replaces the base's
-    algorithm section whole (its parameters belong to the other algorithm). This is how the shipped
-    configs of a family share their base, and how a user's file changes a shipped cell.
-    """
-    return _read_extending(Path(path), ())
-
-
-def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """`over` laid over `base`: sections merge key by key, any other value (lists too) replaces."""
-    merged = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge_trees(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
-def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    data = _read_one_yaml(path)
-    if EXTENDS_KEY not in data:
-        return data
-    target = data.pop(EXTENDS_KEY)
-    base_path = _extended_file(path, target)
-    if base_path.resolve() in chain or base_path.resolve() == path.resolve():
-        loop = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path.resolve()))
-        raise RaysimError(f"config file '{path}' extends itself through {loop}: break the loop of 'extends:'")
-    base = _read_extending(base_path, (*chain, path.resolve()))
-    if _algorithm_name(data) not in (None, _algorithm_name(base)):
-        base.pop("algorithm", None)  # another algorithm: the base's algorithm parameters do not apply
-    return merge_trees(base, data)
-
-
-def _algorithm_name(tree: dict[str, Any]) -> Any:
-    section = tree.get("algorithm")
-    return section.get("name") if isinstance(section, dict) else None
-
-
-def _extended_file(path: Path, target: Any) -> Path:
-    """The file an `extends:` value names: relative to the extending file, else a shipped config."""
-    from raysim.shipped_configs import ROOT as SHIPPED_ROOT
-
-    if not isinstance(target, str) or not target:
-        raise RaysimError(
-            f"config file '{path}': 'extends' must name a config file (e.g. extends: base.yaml), got {target!r}"
-        )
-    beside = path.parent / target
-    if beside.is_file():
-        return beside
-    name = target.removesuffix(".yaml")
-    shipped = (SHIPPED_ROOT / f"{name}.yaml").resolve()
-    if shipped.is_relative_to(SHIPPED_ROOT) and shipped.is_file():
-        return shipped
-    raise RaysimError(
-        f"config file '{path}' extends '{target}', which is neither a file beside it nor a shipped "
-        "config: fix the 'extends:' line (list shipped configs with 'raysim configs')"
-    )
-
-
-def _read_one_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise RaysimError(
-            f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"
-        )
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise RaysimError(f"config file '{path}' is not valid YAML{where} ({problem}): fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise RaysimError(f"config file '{path}' must hold a mapping of keys (like configs/quickstart.yaml)")
-    return data
 
 
 def client_architectures(config: Config) -> list[ModelConfig]:

@@ -1,7 +1,7 @@
 """A config by the name a user gives it: a YAML file, a shipped config's name, or a table's cell
 (TABLE:CELL:METHOD[:SCALE]) - what `raysim run` and `raysim bench cell` accept.
 
-Kept apart from raysim.config_loading because a table's cell needs raysim.reproduce, which itself
+Kept apart from raysim.config.load because a table's cell needs raysim.reproduce, which itself
 loads configs: this module imports both, and nothing imports it back but the commands.
 """
 
@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from raysim.config import Config
-from raysim.config_loading import load_config
+from raysim.config.files import resolve
+from raysim.config.load import load_config
+from raysim.config.schema import Config
 from raysim.errors import RaysimError
 from raysim.reproduce import load_table, selection
 from raysim.reproduce.table_file import TABLES_DIR
-from raysim.shipped_configs import resolve
 
 
 def load_named_config(name: str, overrides: list[str] = ()) -> Config:

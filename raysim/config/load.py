@@ -1,9 +1,9 @@
 """Reading an experiment config: YAML (or a tree) and key=value overrides -> a validated Config
 with the algorithm's parameters resolved through the registry.
 
-Kept apart from raysim.config (the schema, parsing and value checks) so that the schema needs no
-algorithm: raysim.algorithm imports the schema, the registry imports raysim.algorithm, and this
-module imports both; nothing imports back.
+Kept apart from the schema (raysim.config.schema) so that the schema needs no algorithm:
+raysim.algorithm imports the schema, the registry imports raysim.algorithm, and this module imports
+both; nothing imports back.
 """
 
 from __future__ import annotations
@@ -13,15 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raysim.config import (
-    Config,
-    build_dataclass,
-    client_architectures,
-    parse_override,
-    read_yaml,
-    set_path,
-    validate,
-)
+from raysim.config.files import read_yaml
+from raysim.config.parse import build_dataclass, parse_override, set_path
+from raysim.config.schema import Config, client_architectures, validate
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class, check_algorithm_config, resolve_params
 

@@ -1,0 +1,142 @@
+"""Config files: YAML with `extends:` chains, and the configs shipped inside the package
+(raysim/configs/), found by name from any folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raysim.errors import RaysimError
+
+# The configs shipped in the package: `raysim run quickstart` reads raysim/configs/quickstart.yaml, and
+# `raysim run fedhydra/mnist_2cc_cpu` raysim/configs/fedhydra/mnist_2cc_cpu.yaml; a file path that exists
+# always wins over a shipped name.
+ROOT = Path(__file__).resolve().parents[1] / "configs"
+
+EXTENDS_KEY = "extends"
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A config file's tree, with its `extends:` chain merged in.
+
+    `extends: base.yaml` names another config (a path relative to this file's folder, or a shipped
+    config's name such as `fedaf/cifar10_cpu`); this file's keys are laid over that tree section by
+    section (`merge_trees`), except that an `algorithm:` naming another algorithm replaces the base's
+    algorithm section whole (its parameters belong to the other algorithm). This is how the shipped
+    configs of a family share their base, and how a user's file changes a shipped cell.
+    """
+    return _read_extending(Path(path), ())
+
+
+def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid over `base`: sections merge key by key, any other value (lists too) replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_trees(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    data = _read_one_yaml(path)
+    if EXTENDS_KEY not in data:
+        return data
+    target = data.pop(EXTENDS_KEY)
+    base_path = _extended_file(path, target)
+    if base_path.resolve() in chain or base_path.resolve() == path.resolve():
+        loop = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path.resolve()))
+        raise RaysimError(f"config file '{path}' extends itself through {loop}: break the loop of 'extends:'")
+    base = _read_extending(base_path, (*chain, path.resolve()))
+    if _algorithm_name(data) not in (None, _algorithm_name(base)):
+        base.pop("algorithm", None)  # another algorithm: the base's algorithm parameters do not apply
+    return merge_trees(base, data)
+
+
+def _algorithm_name(tree: dict[str, Any]) -> Any:
+    section = tree.get("algorithm")
+    return section.get("name") if isinstance(section, dict) else None
+
+
+def _extended_file(path: Path, target: Any) -> Path:
+    """The file an `extends:` value names: relative to the extending file, else a shipped config."""
+    if not isinstance(target, str) or not target:
+        raise RaysimError(
+            f"config file '{path}': 'extends' must name a config file (e.g. extends: base.yaml), got {target!r}"
+        )
+    beside = path.parent / target
+    if beside.is_file():
+        return beside
+    name = target.removesuffix(".yaml")
+    shipped = (ROOT / f"{name}.yaml").resolve()
+    if shipped.is_relative_to(ROOT) and shipped.is_file():
+        return shipped
+    raise RaysimError(
+        f"config file '{path}' extends '{target}', which is neither a file beside it nor a shipped "
+        "config: fix the 'extends:' line (list shipped configs with 'raysim configs')"
+    )
+
+
+def _read_one_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise RaysimError(
+            f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"
+        )
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise RaysimError(f"config file '{path}' is not valid YAML{where} ({problem}): fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RaysimError(f"config file '{path}' must hold a mapping of keys (like configs/quickstart.yaml)")
+    return data
+
+
+def resolve(path_or_name: str | Path) -> Path:
+    """An existing file path as given; otherwise the shipped config of that name (`.yaml` optional)."""
+    text = str(path_or_name)
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise RaysimError(
+            f"'{text}' is a folder, not a config file: give a YAML file or a shipped "
+            "config's name (list them with 'raysim configs')"
+        )
+    name = text[: -len(".yaml")] if text.endswith(".yaml") else text
+    shipped = (ROOT / f"{name}.yaml").resolve()
+    if name and shipped.is_relative_to(ROOT) and shipped.is_file():
+        return shipped
+    raise RaysimError(
+        f"config '{text}' does not exist, neither as a file nor as a shipped config: give "
+        "a YAML file's path or a shipped config's name (list them with 'raysim configs')"
+    )
+
+
+def list_configs() -> list[tuple[str, str]]:
+    """(name, first comment line or '') of every shipped config, sorted by name."""
+    rows = []
+    for path in sorted(ROOT.rglob("*.yaml")):
+        name = path.relative_to(ROOT).with_suffix("").as_posix()
+        if name.startswith("tables/"):  # the papers' tables: `raysim reproduce --list`
+            continue
+        rows.append((name, _first_comment(path)))
+    return sorted(rows)
+
+
+def _first_comment(path: Path) -> str:
+    """The first line of the file's leading comment block, without '#'; '' when it has none."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        return line.lstrip("#").strip() if line.startswith("#") else ""
+    return ""

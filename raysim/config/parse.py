@@ -1,0 +1,134 @@
+"""Typed parsing: a mapping (a YAML tree) -> a dataclass, each value checked against its annotation,
+unknown keys and bad values refused in one line naming the key. Configs, their algorithm's Params,
+tables and sweeps are all read through `build_dataclass`. Also the command line's `key.sub=value`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from dataclasses import fields
+from typing import Any
+
+import yaml
+
+from raysim.errors import RaysimError
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+_SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def coerce(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`, converting int->float where harmless."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return coerce(value, option, key)
+            except RaysimError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if tp is float:
+        if isinstance(value, str) and _SCIENTIFIC.match(value):
+            value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RaysimError(f"config key '{key}' must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise RaysimError(f"config key '{key}' must be a finite number, got {value}")
+        check_named_number(key, value)
+        # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
+        return value
+    if tp is int:
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise RaysimError(f"config key '{key}' must be an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise RaysimError(f"config key '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise RaysimError(f"config key '{key}' must be a string, got {value!r}")
+        return str(value)
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise RaysimError(f"config key '{key}' must be a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        return value
+    raise RaysimError(f"config key '{key}' has unsupported type {_type_name(tp)}")
+
+
+def check_named_number(key: str, value: float) -> None:
+    """Ranges that hold for a key wherever it appears (local.*, algorithm.*): learning rates,
+    momenta and weight decays, by the name's last part."""
+    name = key.rsplit(".", 1)[-1]
+    if (name == "lr" or name.endswith("_lr")) and value < 0:
+        raise RaysimError(f"config key '{key}' is a learning rate and must be >= 0, got {value}")
+    if (name == "momentum" or name.endswith("_momentum")) and not 0 <= value < 1:
+        raise RaysimError(f"config key '{key}' is a momentum and must be in [0, 1), got {value}")
+    if (name == "weight_decay" or name.endswith("_weight_decay")) and value < 0:
+        raise RaysimError(f"config key '{key}' is a weight decay and must be >= 0, got {value}")
+
+
+def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys and bad types."""
+    if not isinstance(values, dict):
+        raise RaysimError(f"config section '{prefix}' must be a mapping of keys, got {values!r}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in fields(cls)}
+    for key in values:
+        if key not in known:
+            where = f"'{prefix}.{key}'" if prefix else f"'{key}'"
+            raise RaysimError(
+                f"unknown config key {where}: valid keys{' under ' + repr(prefix) if prefix else ''} "
+                f"are {', '.join(sorted(known))}"
+            )
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}" if prefix else name
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = build_dataclass(tp, value or {}, key)
+        else:
+            kwargs[name] = coerce(value, tp, key)
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise RaysimError(f"override '{text}' is not of the form key.sub=value (e.g. rounds=10)")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise RaysimError(f"override '{text}' has an empty key: write it as key.sub=value")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise RaysimError(f"config key '{'.'.join(path)}': '{part}' is a value, not a section")
+        node = child
+    node[path[-1]] = value
