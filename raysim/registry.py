@@ -15,7 +15,8 @@ import pkgutil
 from dataclasses import asdict, fields
 from typing import Any
 
-from raysim.config import build_dataclass
+from raysim.config.parse import build_dataclass
+from raysim.config.schema import AlgorithmSection
 from raysim.errors import RaysimError
 from raysim.plugins import load_object
 
@@ -74,8 +75,8 @@ def algorithm_class(name: str) -> type:
     return found[0]
 
 
-def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
-    """`algorithm:` section -> {name, every parameter with its default filled in}, validated."""
+def resolve_params(section: dict[str, Any]) -> AlgorithmSection:
+    """`algorithm:` section -> its name and the algorithm's Params (every default filled in), validated."""
     section = dict(section)
     name = str(section.pop("name", "fedavg"))
     cls = algorithm_class(name)
@@ -90,14 +91,12 @@ def resolve_params(section: dict[str, Any]) -> dict[str, Any]:
     check = getattr(params, "validate", None)
     if check is not None:
         check()
-    return {"name": name, **asdict(params)}
+    return AlgorithmSection(name, params)
 
 
 def class_and_params(config) -> tuple[type, Any]:
-    """The config's algorithm class and its Params built from `algorithm:`."""
-    section = dict(config.algorithm)
-    cls = algorithm_class(section.pop("name"))
-    return cls, build_dataclass(cls.Params, section, "algorithm")
+    """The config's algorithm class and its Params."""
+    return algorithm_class(config.algorithm.name), config.algorithm.params
 
 
 def make_algorithm(config):

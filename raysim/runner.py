@@ -77,7 +77,7 @@ def prepare(config: Config) -> Experiment:
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
     mean, std = normalisation(config, dataset)
-    digest = data_digest(dataset, parts) if algorithm_class(config.algorithm["name"]).needs_data_digest else None
+    digest = data_digest(dataset, parts) if algorithm_class(config.algorithm.name).needs_data_digest else None
     return Experiment(
         config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes), spec, mean, std, digest
     )
@@ -110,10 +110,10 @@ def check_models(spec: ModelSpec) -> None:
     """Every architecture of the run builds for this data, and the algorithm can use them: before Ray starts."""
     for arch in {a.describe(): a for a in [spec.config.model, *spec.architectures]}.values():
         spec.build("cpu", arch)
-    cls = algorithm_class(spec.config.algorithm["name"])
+    cls = algorithm_class(spec.config.algorithm.name)
     if spec.heterogeneous and not cls.supports_client_models:
         raise RaysimError(
-            f"algorithm '{spec.config.algorithm['name']}' needs every client to have the server's "
+            f"algorithm '{spec.config.algorithm.name}' needs every client to have the server's "
             "model (it combines their weights): remove clients.models or choose an algorithm "
             "for heterogeneous models"
         )
@@ -137,7 +137,7 @@ def new_run_dir(config: Config, out: str | None) -> RunDir:
         path = Path(out)
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = Path(config.output.dir) / f"{config.algorithm['name']}-{config.dataset.name}-s{config.seed}-{stamp}"
+        path = Path(config.output.dir) / f"{config.algorithm.name}-{config.dataset.name}-s{config.seed}-{stamp}"
     run_dir = RunDir(path)
     for parent in [path, *path.parents]:
         if parent.exists() and not parent.is_dir():

@@ -17,6 +17,7 @@ Layout of the sweep directory DIR:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -70,7 +71,8 @@ def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
     config = sweep.trial_config(params)
     if config.resources.server_threads is None:
         # Trials share nodes: the server gets its trial's share of cores, not every core.
-        config.resources.server_threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
+        threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
+        config = dataclasses.replace(config, resources=dataclasses.replace(config.resources, server_threads=threads))
     from ray import tune
 
     run_dir = RunDir(sweep_dir / RUNS_DIR / tune.get_context().get_trial_id())

@@ -408,7 +408,7 @@ EXPECT: list[tuple[list[str], dict]] = [
 # DCFL: every file validates on each of the four bases, and as the plain base alone
 EXPECT_WITH_OVERRIDES: list[tuple[list[str], tuple[str, ...], dict]] = [
     *((files("dcfl/*"), (f"algorithm.base={b}",), {"algorithm.base": b}) for b in DCFL_BASES),
-    (files("dcfl/*"), ("algorithm={name: fedprox}",), {"algorithm": {"name": "fedprox", "mu": 0.001}}),
+    (files("dcfl/*"), ("algorithm={name: fedprox}",), {"algorithm.to_dict()": {"name": "fedprox", "mu": 0.001}}),
 ]
 
 
@@ -547,9 +547,9 @@ def test_fedhydra_headers_name_the_methods_to_run():
 def test_fedhydra_configs_validate_with_every_method_their_headers_name():
     def check(name, method):
         config = load(name, (f"algorithm.name={method}",))
-        assert config.algorithm["name"] == method
+        assert config.algorithm.name == method
         assert config.clients_per_round() == config.clients.num  # one-shot: every client uploads
-        assert config.rounds % config.algorithm["global_rounds"] == 0
+        assert config.rounds % config.algorithm.global_rounds == 0
         # the method takes one model per client where the file gives them (what check_models checks)
         assert algorithm_class(method).supports_client_models or not spec(config).heterogeneous
 
@@ -605,7 +605,7 @@ def test_fedhydra_lambda_sweep_covers_table_6():
     for l1, l2 in TABLE_6:
         config = sweep.trial_config({"algorithm.lambda1": l1, "algorithm.lambda2": l2})
         alg = config.algorithm
-        assert (alg["name"], alg["lambda1"], alg["lambda2"]) == ("fedhydra", l1, l2)
+        assert (alg.name, alg.lambda1, alg.lambda2) == ("fedhydra", l1, l2)
         assert (config.dataset.name, config.partition.alpha, config.clients.num) == ("cifar10", 0.5, 5)
         res = config.resources
         assert res.actors * res.gpus_per_actor + res.server_gpus <= 1.0 + 1e-9  # one trial, one GPU
@@ -670,7 +670,7 @@ def test_a_shared_section_cannot_carry_one_methods_value_of_anothers_own_paramet
     one line naming it and both ways of saying it is meant."""
     planted = tmp_path / "cell.yaml"
     planted.write_text("extends: fedhydra/cifar10_alpha0.1_cpu\nalgorithm: {kd_lr: 0.01, ngf: 8}\n")
-    assert load_config(planted, ["algorithm.name=fedhydra"]).algorithm["kd_lr"] == 0.01  # its own method
+    assert load_config(planted, ["algorithm.name=fedhydra"]).algorithm.kd_lr == 0.01  # its own method
     for method in ("feddf", "dense", "coboosting"):
         with pytest.raises(
             RaysimError, match=rf"algorithm.name={method} .* {method}'s own .*algorithm.kd_lr=0.01"
@@ -688,10 +688,10 @@ def test_a_method_gets_its_own_value_said_per_method_or_beside_the_switch(tmp_pa
     )
     root = f"algorithm.distill_root={tmp_path}"
     feddf = load_config(planted, ["algorithm.name=feddf", root])
-    assert (feddf.algorithm["kd_lr"], feddf.algorithm["ngf"]) == (0.002, 8)  # its own; the shared key carried
+    assert (feddf.algorithm.kd_lr, feddf.algorithm.ngf) == (0.002, 8)  # its own; the shared key carried
     assert "per_method" not in feddf.to_dict()  # the resolved config holds the effect, not the section
     dense = load_config(planted, ["algorithm.name=dense", "algorithm.kd_lr=0.02"])
-    assert dense.algorithm["kd_lr"] == 0.02
+    assert dense.algorithm.kd_lr == 0.02
     planted.write_text("extends: fedhydra/cifar10_alpha0.1_cpu\nper_method: {feddf: {kd_lr: 0.01, nosuch: 1}}\n")
     with pytest.raises(RaysimError, match="unknown config key 'algorithm.nosuch' for algorithm 'feddf'"):
         load_config(planted)
@@ -705,5 +705,17 @@ def test_every_method_of_a_shipped_cell_runs_with_its_own_defaults():
         for method in set(header_methods(name)) & set(own):
             config = load(name, (f"algorithm.name={method}",))
             for key in algorithm_class(method).own_params() & {"kd_lr", "kd_optimizer", "temperature", "kd_schedule"}:
-                assert config.algorithm[key] == getattr(own[method], key), (name, method, key)
+                assert getattr(config.algorithm, key) == getattr(own[method], key), (name, method, key)
     assert own["feddf"].kd_lr == 0.001 and own["dense"].kd_lr == 0.005
+
+
+def test_the_resolved_config_is_frozen_and_its_algorithm_section_is_the_algorithms_params():
+    import dataclasses
+
+    config = load_config(path("fedhydra/fmnist_alpha0.1_cpu"), ["dataset.root=/tmp"])
+    for section, key in ((config, "rounds"), (config.resources, "actors"), (config.algorithm, "name")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(section, key, 1)
+    assert type(config.algorithm.params) is algorithm_class("fedhydra").Params
+    assert config.algorithm.kd_lr == config.algorithm.params.kd_lr  # its parameters read as attributes
+    assert load_config(None, base=yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config  # dumps and reads back

@@ -123,7 +123,7 @@ def test_dcfl_configuration_errors_are_one_clear_line():
     with pytest.raises(RaysimError, match="leaves no training round"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.pretrain_rounds=4"])
     config = load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.base=fedprox", "algorithm.mu=0.01"])
-    assert config.algorithm["mu"] == 0.01
+    assert config.algorithm.mu == 0.01
 
 
 def test_dcfl_learns_selects_unseen_clients_first_and_counts_bytes_exactly(dcfl_run):
@@ -380,6 +380,6 @@ def test_the_shipped_fine_tune_moves_the_model_measurably():
     measurable step: it moves the weights by a sizeable fraction of what local training moved them,
     and it recovers accuracy on the received classes, which training on two classes had destroyed."""
     shipped = load_config(ROOT / "configs" / "dcfl" / "fmnist_dir0.1_cpu.yaml", ["dataset.root=/tmp"]).algorithm
-    change, before, after = _finetune_client(shipped["finetune_epochs"], shipped["finetune_lr"])
+    change, before, after = _finetune_client(shipped.finetune_epochs, shipped.finetune_lr)
     assert change > 0.5, change
     assert after > before + 0.15, (before, after)

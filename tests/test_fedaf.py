@@ -119,7 +119,7 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     config = load_config(ROOT / "configs/fedaf/cifar10_alpha0.05.yaml", [f"dataset.root={root}"])
     exp = prepare(config)
     algorithm = make_algorithm(config)
-    ipc, classes = config.algorithm["ipc"], exp.dataset.num_classes
+    ipc, classes = config.algorithm.ipc, exp.dataset.num_classes
     uploads = []
     for counts in exp.counts:
         held = np.flatnonzero(counts)

@@ -317,7 +317,7 @@ def test_the_literal_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_pa
     old = load_config(
         ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{**ONE_SHOT, "algorithm.aggregation": "stratified"})
     )
-    assert old.algorithm["aggregation"] == "stratified_eq8"
+    assert old.algorithm.aggregation == "stratified_eq8"
 
 
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):

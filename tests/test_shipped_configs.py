@@ -153,7 +153,7 @@ def test_extends_another_algorithm_replaces_the_algorithm_section(tmp_path):
 
     (tmp_path / "fedavg_here.yaml").write_text("extends: fedaf/cifar10_cpu\nalgorithm: {name: fedavg}\n")
     config = load_config(tmp_path / "fedavg_here.yaml")
-    assert config.algorithm["name"] == "fedavg" and config.dataset.name == "cifar10"  # FedAF's keys did not follow
+    assert config.algorithm.name == "fedavg" and config.dataset.name == "cifar10"  # FedAF's keys did not follow
 
 
 def test_extends_a_file_beside_it_first_and_merges_section_by_section(tmp_path):

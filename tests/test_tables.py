@@ -94,7 +94,7 @@ def test_the_dcfl_table_carries_table_ii():
     ]
     # a base method runs the DCFL config's setting with its own algorithm section only
     base = table.config("fmnist_ck2", "fedprox", "cpu", 0, DATA)
-    assert base.algorithm["name"] == "fedprox" and base.rounds == 40 and base.local.epochs == 10
+    assert base.algorithm.name == "fedprox" and base.rounds == 40 and base.local.epochs == 10
 
 
 @pytest.mark.parametrize(
@@ -273,10 +273,10 @@ def test_a_run_of_a_table_cell_by_name(monkeypatch):
 
     monkeypatch.setenv("RAYSIM_DATA", DATA)
     config = load_named_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
-    assert config.algorithm["name"] == "dcfl" and config.algorithm["base"] == "fedprox" and config.seed == 2
+    assert config.algorithm.name == "dcfl" and config.algorithm.base == "fedprox" and config.seed == 2
     assert config.dataset.root == f"{DATA}/fashion_mnist"
     paper = load_named_config("dcfl_table2:fmnist_ck2:fedavg:paper", [])
-    assert paper.rounds == 100 and paper.algorithm["name"] == "fedavg"
+    assert paper.rounds == 100 and paper.algorithm.name == "fedavg"
     with pytest.raises(RaysimError, match="no cell nosuch"):
         load_named_config("dcfl_table2:nosuch:dcfl", [])
     with pytest.raises(RaysimError, match="takes one cell and one method"):
@@ -293,7 +293,7 @@ def test_a_method_with_its_own_config_per_cell_and_overrides_per_scale():
     table = load_table("fedaf_table1")
     feddm_cpu = table.config("cifar10_alpha0.05", "feddm", "cpu", 0, DATA)
     feddm_paper = table.config("cifar10_alpha0.05", "feddm", "paper", 0, DATA)
-    assert feddm_cpu.algorithm["ipc"] == 20 and feddm_paper.algorithm["ipc"] == 50  # feddm/cifar10_cpu, _alpha0.05
+    assert feddm_cpu.algorithm.ipc == 20 and feddm_paper.algorithm.ipc == 50  # feddm/cifar10_cpu, _alpha0.05
     assert table.config("cifar10_alpha0.05", "fedavg", "cpu", 0, DATA).local.epochs == 2  # the 2-core file's own
     assert table.config("cifar10_alpha0.05", "fedavg", "paper", 0, DATA).local.epochs == 10  # the paper's, set
 

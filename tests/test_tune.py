@@ -150,7 +150,7 @@ def test_a_failing_trial_is_recorded_with_its_error_and_the_sweep_goes_on(ray_se
     assert "\n" not in by_fail[True]["error"]
     assert by_fail[False]["status"] == "finished" and by_fail[False]["best_accuracy"] > 0.2
     assert pq.read_table(tmp_path / "out" / "trials.parquet").num_rows == 2
-    assert load_config(tmp_path / "out" / "best.yaml").algorithm["fail"] is False
+    assert load_config(tmp_path / "out" / "best.yaml").algorithm.fail is False
 
 
 def test_a_sweep_refused_while_starting_can_be_started_again_on_the_same_out(tmp_path):

@@ -58,7 +58,7 @@ def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, st
         name = TRANSFER_DATASETS.get(config.dataset.name, "")
         if not name:
             raise RaysimError(
-                f"{config.algorithm['name']} has no default set of unlabelled images for dataset "
+                f"{config.algorithm.name} has no default set of unlabelled images for dataset "
                 f"{config.dataset.name}: set {dataset_key} and algorithm.{root_key} (e.g. mnist and its folder)"
             )
     if not root:

@@ -78,7 +78,7 @@ def work_keys(config, fraction: float) -> list[WorkKey]:
     from raysim.report import flatten
 
     values = flatten(yaml.safe_load(dump_config(config)))
-    cls = algorithm_class(config.algorithm["name"])
+    cls = algorithm_class(config.algorithm.name)
     keys = []
     for key, phase in cls.work_keys.items():
         full = values.get(key)
@@ -146,7 +146,7 @@ def cell(opts: dict) -> None:
     if not 0 < fraction <= 0.5:
         raise RaysimError(f"bench cell: fraction={opts['fraction']} must be a number in (0, 0.5]")
     config = load_named_config(opts["config"], opts["overrides"])
-    cls = algorithm_class(config.algorithm["name"])
+    cls = algorithm_class(config.algorithm.name)
     keys = work_keys(config, fraction)
     fixed = [f"{k}={v}" for k, v in cls.bench_overrides.items()]
     runs = []
@@ -154,7 +154,7 @@ def cell(opts: dict) -> None:
         values = [f"{k.key}={getattr(k, which)}" for k in keys]
         runs.append(load_named_config(opts["config"], [*opts["overrides"], *values, *fixed]))
     print(
-        f"bench cell {opts['config']}: {config.algorithm['name']}, {config.rounds} rounds, "
+        f"bench cell {opts['config']}: {config.algorithm.name}, {config.rounds} rounds, "
         f"{config.clients.num} clients, actors {config.resources.actors or 'auto'}; two runs at "
         f"{fraction:g} and {2 * fraction:g} of the work",
         flush=True,

@@ -9,6 +9,7 @@ both; nothing imports back.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,7 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     resources = tree.get("resources")
     if isinstance(resources, dict) and resources.get("actors") == "auto":
         tree["resources"] = {**resources, "actors": None}
-    config = build_dataclass(Config, tree, "")
-    config.algorithm = resolve_params(algorithm)
+    config = dataclasses.replace(build_dataclass(Config, tree, ""), algorithm=resolve_params(algorithm))
     validate(config)
     check_algorithm_config(config)
     client_architectures(config)  # a malformed clients.models fails here, before Ray starts

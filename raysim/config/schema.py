@@ -16,7 +16,7 @@ from raysim.config.parse import build_dataclass
 from raysim.errors import RaysimError
 
 
-@dataclass
+@dataclass(frozen=True)
 class DatasetConfig:
     name: str = "embedded"
     root: str | None = None  # folder in Parquet, torchvision or image-folder layout
@@ -27,7 +27,7 @@ class DatasetConfig:
     std: list[float] | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class PartitionConfig:
     kind: str = "dirichlet"
     alpha: float = 0.5
@@ -37,7 +37,7 @@ class PartitionConfig:
     seed: int | None = None  # partition seed; None: the run's seed (fix it to vary only training over seeds)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClientsConfig:
     num: int = 10
     # Clients sampled per round: an int count, or a fraction in (0, 1] (0.4 = 40%).
@@ -49,7 +49,7 @@ class ClientsConfig:
     models: Any = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     name: str = "convnet"
     width: int = 128
@@ -71,7 +71,7 @@ class ModelConfig:
         return self.name
 
 
-@dataclass
+@dataclass(frozen=True)
 class LocalConfig:
     """Clients' local training (the FedAvg family and algorithms built on it)."""
 
@@ -87,7 +87,7 @@ class LocalConfig:
     keep_optimizer: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResourcesConfig:
     # Client actors; None ('auto' in YAML) = as many as the cluster's CPUs (and GPUs) hold at
     # cpus_per_actor (gpus_per_actor) each, at most one per client. Results never depend on it.
@@ -119,7 +119,7 @@ class ResourcesConfig:
     in_process: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class EvalConfig:
     every: int = 1
     batch_size: int = 1000
@@ -133,14 +133,31 @@ class EvalConfig:
     validation_fraction: float = 0.1
 
 
-@dataclass
+@dataclass(frozen=True)
 class OutputConfig:
     dir: str = "runs"  # parent of run directories when --out is not given
     tensorboard: bool = True
     checkpoint_every: int = 1
 
 
-@dataclass
+@dataclass(frozen=True)
+class AlgorithmSection:
+    """`algorithm:` resolved: the algorithm's name and its Params (a dataclass instance, every value
+    typed and checked). Its parameters read as attributes of the section too: `config.algorithm.ipc`."""
+
+    name: str = "fedavg"
+    params: Any = None
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__") or key == "params":  # not during copying and unpickling
+            raise AttributeError(key)
+        return getattr(self.params, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **(asdict(self.params) if self.params is not None else {})}
+
+
+@dataclass(frozen=True)
 class Config:
     seed: int = 0
     rounds: int = 5
@@ -149,8 +166,8 @@ class Config:
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
-    # name + the algorithm's own parameters (validated against its Params dataclass)
-    algorithm: dict[str, Any] = field(default_factory=lambda: {"name": "fedavg"})
+    # the algorithm's name and its typed Params (filled in by raysim.config.load, through the registry)
+    algorithm: AlgorithmSection = field(default_factory=lambda: AlgorithmSection())
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -162,10 +179,10 @@ class Config:
         return int(per)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ---------------------------------------------------------------- parsing
+        """The config as the YAML tree it reads back from (the algorithm section flat: name and params)."""
+        tree = asdict(self)
+        tree["algorithm"] = self.algorithm.to_dict()
+        return tree
 
 
 def client_architectures(config: Config) -> list[ModelConfig]:

@@ -314,7 +314,7 @@ class ServerRuntime:
         loss = self.metrics.server_values("loss")
         best_round, best = max(accuracy, key=lambda rv: (rv[1], -rv[0])) if accuracy else (None, None)
         return {
-            "algorithm": self.config.algorithm["name"],
+            "algorithm": self.config.algorithm.name,
             "dataset": self.config.dataset.name,
             "evaluated_on": self.config.eval.split,  # test, or the held-out validation share of the training split
             "seed": self.config.seed,
