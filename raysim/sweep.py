@@ -22,49 +22,86 @@ from __future__ import annotations
 
 import itertools
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from raysim.config import Config, parse_override, read_yaml
+from raysim.config import Config, build_dataclass, parse_override, read_yaml
 from raysim.config.load import apply_overrides, config_from_dict
 from raysim.errors import RaysimError
 
-SPACE_FORMS = ("grid", "choice", "uniform", "loguniform")
-METRICS = ("best_accuracy", "final_accuracy", "last5_accuracy")
+Form = Literal["grid", "choice", "uniform", "loguniform"]
+Metric = Literal["best_accuracy", "final_accuracy", "last5_accuracy"]
+SPACE_FORMS = typing.get_args(Form)
+METRICS = typing.get_args(Metric)
 MAX_CHECKED_COMBINATIONS = 256  # up to this many, every combination of values is validated before the sweep
 
 
-def _whole(value: Any, name: str, path: Path, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise RaysimError(f"sweep '{path}': {name} must be a whole number >= {low}, got {value!r}")
-    return value
-
-
-def _real(value: Any, name: str, path: Path, above: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > above:
-        raise RaysimError(f"sweep '{path}': {name} must be a number > {above:g}, got {value!r}")
-    return float(value)
+def _need(condition: bool, what: str) -> None:
+    if not condition:
+        raise RaysimError(what)
 
 
 @dataclass
 class SchedulerSpec:
-    kind: str = "asha"
+    kind: Literal["asha"] = "asha"
     grace_period: int = 1  # rounds every trial runs before it can be stopped
     reduction_factor: float = 2.0
+
+    def __post_init__(self):
+        _need(self.grace_period >= 1, f"scheduler.grace_period must be a whole number >= 1, got {self.grace_period}")
+        _need(
+            self.reduction_factor > 1, f"scheduler.reduction_factor must be a number > 1, got {self.reduction_factor}"
+        )
 
 
 @dataclass
 class Sweep:
-    base: Path
-    base_tree: dict[str, Any]
-    space: dict[str, dict[str, list]]
-    metric: str = "best_accuracy"
-    samples: int = 1
-    concurrency: int = 1
+    """A sweep file, read by raysim.config.parse.build_dataclass like a config (one-line errors), and
+    the base config it sweeps (`base_path`, `base_tree`: the base with the fixed and command-line
+    overrides laid over it)."""
+
+    base: str  # the experiment config to sweep, relative to the sweep file
+    space: dict[str, dict[Form, list[Any]]]  # config key -> {form: values}
+    overrides: dict[str, Any] = field(default_factory=dict)  # fixed changes to the base
+    metric: Metric = "best_accuracy"
+    samples: int = 1  # repeats of the grid (random forms drawn anew each time)
+    concurrency: int = 1  # trials at once
     scheduler: SchedulerSpec | None = None
-    seed: int = 0
-    source: dict[str, Any] = field(default_factory=dict)  # the file as read, for `--resume`
+    seed: int = 0  # seeds the random forms
+    base_path: Path = field(default=Path(), init=False)
+    base_tree: dict[str, Any] = field(default_factory=dict, init=False)
+    source: dict[str, Any] = field(default_factory=dict, init=False)  # the file as read, for `--resume`
+
+    def __post_init__(self):
+        for name, value, low in (
+            ("samples", self.samples, 1),
+            ("concurrency", self.concurrency, 1),
+            ("seed", self.seed, 0),
+        ):
+            _need(value >= low, f"{name} must be a whole number >= {low}, got {value}")
+        _need(
+            bool(self.space),
+            "'space' must map config keys to a search form, e.g. space: {algorithm.gamma: {grid: [0.5, 0.9]}}",
+        )
+        for key, spec in self.space.items():
+            _need(
+                len(spec) == 1,
+                f"space.{key} must be one of {{grid: [...]}}, {{choice: [...]}}, {{uniform: [low, high]}}, "
+                f"{{loguniform: [low, high]}}, got {spec!r}",
+            )
+            form, values = next(iter(spec.items()))
+            _need(bool(values), f"space.{key}.{form} must be a non-empty list, got {values!r}")
+            if form in ("uniform", "loguniform"):
+                numbers = len(values) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+                )
+                _need(
+                    numbers and values[0] < values[1],
+                    f"space.{key}.{form} must be [low, high] numbers with low < high, got {values!r}",
+                )
+                _need(form == "uniform" or values[0] > 0, f"space.{key}.loguniform needs low > 0, got {values[0]}")
 
     def trial_config(self, params: dict[str, Any]) -> Config:
         """The base config with one trial's values for the swept keys."""
@@ -103,92 +140,20 @@ class Sweep:
         return size
 
 
-def _check_space(space: Any, path: Path) -> dict[str, dict[str, list]]:
-    if not isinstance(space, dict) or not space:
-        raise RaysimError(
-            f"sweep '{path}': 'space' must map config keys to a search form, "
-            "e.g. space: {{algorithm.gamma: {{grid: [0.5, 0.9]}}}}"
-        )
-    checked = {}
-    for key, spec in space.items():
-        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SPACE_FORMS:
-            raise RaysimError(
-                f"sweep '{path}': space.{key} must be one of "
-                f"{{grid: [...]}}, {{choice: [...]}}, {{uniform: [low, high]}}, "
-                f"{{loguniform: [low, high]}}, got {spec!r}"
-            )
-        form, values = next(iter(spec.items()))
-        if not isinstance(values, list) or not values:
-            raise RaysimError(f"sweep '{path}': space.{key}.{form} must be a non-empty list, got {values!r}")
-        if form in ("uniform", "loguniform"):
-            if len(values) != 2 or not all(isinstance(v, (int, float)) for v in values) or values[0] >= values[1]:
-                raise RaysimError(
-                    f"sweep '{path}': space.{key}.{form} must be [low, high] numbers with low < high, got {values!r}"
-                )
-            if form == "loguniform" and values[0] <= 0:
-                raise RaysimError(f"sweep '{path}': space.{key}.loguniform needs low > 0, got {values[0]}")
-        checked[str(key)] = {form: list(values)}
-    return checked
-
-
 def sweep_from_dict(data: dict[str, Any], path: Path, overrides: list[str] = ()) -> Sweep:
-    known = {"base", "overrides", "space", "metric", "samples", "concurrency", "scheduler", "seed"}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise RaysimError(
-            f"sweep '{path}': unknown key(s) {', '.join(unknown)}; valid keys are {', '.join(sorted(known))}"
-        )
-    if "base" not in data:
-        raise RaysimError(
-            f"sweep '{path}' has no 'base': name the experiment config to sweep, e.g. base: ../fedaf/cifar10_cpu.yaml"
-        )
-    if not isinstance(data["base"], str) or not data["base"]:
-        raise RaysimError(
-            f"sweep '{path}': base must be the path of an experiment config, e.g. base: ../fedaf/cifar10_cpu.yaml, "
-            f"got {data['base']!r}"
-        )
-    base = Path(data["base"])
-    base = base if base.is_absolute() else (path.parent / base)
-    tree = read_yaml(base)
-    fixed = data.get("overrides") or {}
-    if not isinstance(fixed, dict):
-        raise RaysimError(f"sweep '{path}': 'overrides' must map config keys to values")
-    tree = apply_overrides(tree, ((str(key), value) for key, value in fixed.items()))
+    try:
+        sweep = build_dataclass(Sweep, data, "", noun="key")
+    except RaysimError as exc:
+        raise RaysimError(f"sweep '{path}': {exc}") from None
+    base = Path(sweep.base)
+    sweep.base_path = base if base.is_absolute() else (path.parent / base)
+    tree = apply_overrides(read_yaml(sweep.base_path), sweep.overrides.items())
     # command-line key=value, applied to the base like `raysim run` does
     tree = apply_overrides(tree, [parse_override(text) for text in overrides])
     root = (tree.get("dataset") or {}).get("root")
     if root and not Path(root).is_absolute():  # trials run in other directories (and on other nodes)
         tree["dataset"]["root"] = str(Path(root).resolve())
-    metric = data.get("metric", "best_accuracy")
-    if not isinstance(metric, str) or metric not in METRICS:
-        raise RaysimError(
-            f"sweep '{path}': metric must be best_accuracy, final_accuracy or last5_accuracy, got '{metric}'"
-        )
-    scheduler = data.get("scheduler")
-    if scheduler is not None:
-        if not isinstance(scheduler, dict) or scheduler.get("kind", "asha") != "asha":
-            raise RaysimError(
-                f"sweep '{path}': scheduler must be {{kind: asha, grace_period: N, "
-                f"reduction_factor: F}} or absent, got {scheduler!r}"
-            )
-        extra = sorted(set(scheduler) - {"kind", "grace_period", "reduction_factor"})
-        if extra:
-            raise RaysimError(f"sweep '{path}': unknown scheduler key(s) {', '.join(extra)}")
-        scheduler = SchedulerSpec(
-            grace_period=_whole(scheduler.get("grace_period", 1), "scheduler.grace_period", path, 1),
-            reduction_factor=_real(scheduler.get("reduction_factor", 2.0), "scheduler.reduction_factor", path, 1),
-        )
-    sweep = Sweep(
-        base=base,
-        base_tree=tree,
-        space=_check_space(data.get("space"), path),
-        metric=metric,
-        samples=_whole(data.get("samples", 1), "samples", path, 1),
-        concurrency=_whole(data.get("concurrency", 1), "concurrency", path, 1),
-        scheduler=scheduler,
-        seed=_whole(data.get("seed", 0), "seed", path, 0),
-        source=data,
-    )
+    sweep.base_tree, sweep.source = tree, data
     # Every swept key must be a real config key, and every value (both ends of a range) valid:
     # fail now, not in the middle of the sweep.
     for params in sweep.each_value():

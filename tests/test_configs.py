@@ -596,7 +596,7 @@ def test_fedhydra_paper_scale_fits_five_clients_and_the_server_on_one_gpu():
 
 def test_fedhydra_lambda_sweep_covers_table_6():
     sweep = load_sweep(CONFIGS_DIR / "sweeps/fedhydra_lambdas.yaml")
-    assert sweep.base.resolve() == path("fedhydra/cifar10_alpha0.5").resolve()
+    assert sweep.base_path.resolve() == path("fedhydra/cifar10_alpha0.5").resolve()
     assert set(sweep.space) == {"algorithm.lambda1", "algorithm.lambda2"}
     grid1, grid2 = (sweep.space[k]["grid"] for k in ("algorithm.lambda1", "algorithm.lambda2"))
     assert {(a, b) for a in grid1 for b in grid2} >= set(TABLE_6)

@@ -74,7 +74,7 @@ def test_a_shipped_sweep_by_name_finds_its_base(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     sweep = load_sweep(resolve("sweeps/cpu"))
-    assert Path(sweep.base).resolve() == SHIPPED / "quickstart.yaml"
+    assert sweep.base_path.resolve() == SHIPPED / "quickstart.yaml"
 
 
 def test_raysim_configs_lists_names_and_first_comment_lines(capsys):

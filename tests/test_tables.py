@@ -137,14 +137,20 @@ methods:
 @pytest.mark.parametrize(
     "change, words",
     [
-        (("title: t", "titel: t"), "unknown key(s) titel"),
+        (("title: t", "titel: t"), "unknown key 'titel'"),
         (("paper: {one: 50", "paper: {three: 50"), "paper figure for unknown method three"),
-        (("{cpu: quickstart}", "{gpu: quickstart}"), "config must map a scale"),
-        (("two: {algorithm: {name: fedprox}}", "two: {algorithm: fedprox}"), "'algorithm' must be a section"),
+        (
+            ("{cpu: quickstart}", "{gpu: quickstart}"),
+            "the keys of key 'cells.a.config' must be one of cpu, paper, got 'gpu'",
+        ),
+        (
+            ("two: {algorithm: {name: fedprox}}", "two: {algorithm: fedprox}"),
+            "key 'methods.two.algorithm' must be a mapping",
+        ),
         (("title: t", "title: t\norderings: ['one >> two']"), "must read 'method > method'"),
-        (("title: t", "title: t\nmetric: accuracy"), "metric must be one of"),
-        (("two: [60, 1]", "two: [60, a]"), "paper figure of two must be a number or [mean, std]"),
-        (("title: t", "title: t\nminutes: {cpu: 5}"), "minutes must map a scale to {method: minutes a run}"),
+        (("title: t", "title: t\nmetric: accuracy"), "key 'metric' must be one of"),
+        (("two: [60, 1]", "two: [60, a]"), "key 'cells.a.paper.two' must be a number"),
+        (("title: t", "title: t\nminutes: {cpu: 5}"), "key 'minutes.cpu' must be a mapping"),
         (("paper: {one: 50", "paper_rounds: {one: {80: 3}}, paper: {one: 50"), "paper_rounds must map a method"),
         (("paper: {one: 50", "paper_rounds: {one: {0.8: 0}}, paper: {one: 50"), "paper_rounds must map a method"),
     ],

@@ -25,8 +25,9 @@ def _type_name(tp: Any) -> str:
 _SCIENTIFIC = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
-def coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against the annotation `tp`, converting int->float where harmless."""
+def coerce(value: Any, tp: Any, key: str, noun: str = "config key") -> Any:
+    """Check `value` against the annotation `tp`, converting int->float where harmless. `noun` names
+    what `key` is in the one-line error ("config key", or "key" in a table or sweep file)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
@@ -37,17 +38,24 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             if option is type(None):
                 continue
             try:
-                return coerce(value, option, key)
+                return coerce(value, option, key, noun)
             except RaysimError as exc:
                 errors.append(exc)
         raise errors[0]
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed and not isinstance(value, bool):
+            return value
+        raise RaysimError(f"{noun} '{key}' must be one of {', '.join(map(str, allowed))}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, {} if value is None else value, key, noun)
     if tp is float:
         if isinstance(value, str) and _SCIENTIFIC.match(value):
             value = float(value)  # YAML 1.1 reads 1e-4 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RaysimError(f"config key '{key}' must be a number, got {value!r}")
+            raise RaysimError(f"{noun} '{key}' must be a number, got {value!r}")
         if not math.isfinite(value):
-            raise RaysimError(f"config key '{key}' must be a finite number, got {value}")
+            raise RaysimError(f"{noun} '{key}' must be a finite number, got {value}")
         check_named_number(key, value)
         # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
         return value
@@ -55,24 +63,36 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RaysimError(f"config key '{key}' must be an integer, got {value!r}")
+            raise RaysimError(f"{noun} '{key}' must be an integer, got {value!r}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise RaysimError(f"config key '{key}' must be true or false, got {value!r}")
+            raise RaysimError(f"{noun} '{key}' must be true or false, got {value!r}")
         return value
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise RaysimError(f"config key '{key}' must be a string, got {value!r}")
+            raise RaysimError(f"{noun} '{key}' must be a string, got {value!r}")
         return str(value)
     if origin in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise RaysimError(f"config key '{key}' must be a list, got {value!r}")
+            raise RaysimError(f"{noun} '{key}' must be a list, got {value!r}")
         (item_tp, *_) = typing.get_args(tp) or (Any,)
-        return [coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict or tp is Any:
+        return [coerce(v, item_tp, f"{key}[{i}]", noun) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise RaysimError(f"{noun} '{key}' must be a mapping, got {value!r}")
+        key_tp, value_tp = typing.get_args(tp) or (Any, Any)
+        return {_mapping_key(k, key_tp, key, noun): coerce(v, value_tp, f"{key}.{k}", noun) for k, v in value.items()}
+    if tp is Any:
         return value
-    raise RaysimError(f"config key '{key}' has unsupported type {_type_name(tp)}")
+    raise RaysimError(f"{noun} '{key}' has unsupported type {_type_name(tp)}")
+
+
+def _mapping_key(k: Any, tp: Any, key: str, noun: str) -> Any:
+    try:
+        return coerce(k, tp, key, noun)
+    except RaysimError as exc:
+        raise RaysimError(f"the keys of {exc}") from None
 
 
 def check_named_number(key: str, value: float) -> None:
@@ -87,27 +107,32 @@ def check_named_number(key: str, value: float) -> None:
         raise RaysimError(f"config key '{key}' is a weight decay and must be >= 0, got {value}")
 
 
-def build_dataclass(cls: type, values: dict[str, Any], prefix: str) -> Any:
-    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys and bad types."""
+def build_dataclass(cls: type, values: dict[str, Any], prefix: str, noun: str = "config key") -> Any:
+    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys, missing required ones and
+    bad types (nested dataclasses, lists, mappings and Literal choices included), in one line each.
+    What only the whole object can check (`__post_init__`) raises RaysimError itself."""
+    where = f"'{prefix}'" if prefix else "the file"
     if not isinstance(values, dict):
-        raise RaysimError(f"config section '{prefix}' must be a mapping of keys, got {values!r}")
+        raise RaysimError(f"{noun} {where} must be a mapping of keys, got {values!r}")
     hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
+    known = {f.name: f for f in fields(cls) if f.init}
     for key in values:
         if key not in known:
-            where = f"'{prefix}.{key}'" if prefix else f"'{key}'"
+            name = f"'{prefix}.{key}'" if prefix else f"'{key}'"
             raise RaysimError(
-                f"unknown config key {where}: valid keys{' under ' + repr(prefix) if prefix else ''} "
+                f"unknown {noun} {name}: valid keys{' under ' + repr(prefix) if prefix else ''} "
                 f"are {', '.join(sorted(known))}"
             )
-    kwargs = {}
-    for name, value in values.items():
-        key = f"{prefix}.{name}" if prefix else name
-        tp = hints[name]
-        if dataclasses.is_dataclass(tp):
-            kwargs[name] = build_dataclass(tp, value or {}, key)
-        else:
-            kwargs[name] = coerce(value, tp, key)
+    missing = [
+        n
+        for n, f in known.items()
+        if n not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise RaysimError(f"{where} needs {', '.join(repr(m) for m in missing)} ({noun}s it cannot do without)")
+    kwargs = {
+        name: coerce(value, hints[name], f"{prefix}.{name}" if prefix else name, noun) for name, value in values.items()
+    }
     return cls(**kwargs)
 
 

@@ -34,56 +34,133 @@ from __future__ import annotations
 
 import copy
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from raysim.config import Config, read_yaml
+from raysim.config import Config, build_dataclass, read_yaml
 from raysim.config.files import ROOT as CONFIGS_ROOT
 from raysim.config.files import resolve
 from raysim.errors import RaysimError
 
 TABLES_DIR = CONFIGS_ROOT / "tables"
-SCALES = ("cpu", "paper")
-METRICS = ("last5_accuracy", "final_accuracy", "best_accuracy")
+Scale = Literal["cpu", "paper"]
+Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy"]
+SCALES = typing.get_args(Scale)
+METRICS = typing.get_args(Metric)
 _ORDERING = re.compile(r"^\s*([\w.-]+)\s*>\s*([\w.-]+)\s*$")
+
+
+def _need(condition: bool, what: str) -> None:
+    if not condition:
+        raise RaysimError(what)
 
 
 @dataclass
 class Method:
-    name: str
-    label: str
-    algorithm: dict[str, Any] | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
+    """A method of a table: a label, and how its runs differ from the cell's config."""
+
+    label: str = ""
+    algorithm: dict[str, Any] | None = None  # replaces the config's algorithm section
+    overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys, for this method alone
+    name: str = field(default="", init=False)  # its key in the table
+
+    def __post_init__(self):
+        _need(self.algorithm is None or "name" in self.algorithm, "'algorithm' must be a section with a name")
 
 
 @dataclass
 class Cell:
-    name: str
-    label: str
-    configs: dict[str, str]  # scale -> shipped config name
-    overrides: dict[str, dict[str, Any]] = field(default_factory=dict)  # scale -> dotted key -> value
-    paper: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # method -> (mean, std) in %
-    method_configs: dict[str, dict[str, str]] = field(default_factory=dict)  # method -> scale -> config
-    # method -> target ("0.73", as summary.json's rounds_to_accuracy keys it) -> rounds, None: never reached
-    paper_rounds: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    """A cell of a table: its config per scale, the paper's figures, and what the cell changes."""
+
+    config: dict[Scale, str]  # scale -> shipped config name
+    label: str = ""
+    # dotted key -> value at every scale, or scale -> such a mapping; read as scale -> dotted key -> value
+    overrides: dict[str, Any] = field(default_factory=dict)
+    paper: dict[str, float | list[float]] = field(default_factory=dict)  # read as method -> (mean, std) in %
+    # method -> {target accuracy: rounds or null (never)}; read with the targets as summary.json keys them ("0.73")
+    paper_rounds: dict[str, dict[float, int | None]] = field(default_factory=dict)
+    method_config: dict[str, dict[Scale, str]] = field(default_factory=dict)  # method -> scale -> its own config
+    name: str = field(default="", init=False)
+
+    def __post_init__(self):
+        _need(bool(self.config), f"config must map a scale ({', '.join(SCALES)}) to a shipped config")
+        if not (self.overrides and set(self.overrides) <= set(SCALES)):  # the same at every scale
+            self.overrides = {scale: self.overrides for scale in SCALES}
+        _need(
+            all(isinstance(v, dict) for v in self.overrides.values()),
+            "overrides must map dotted keys to values (or a scale to such a mapping)",
+        )
+        for method, figure in self.paper.items():
+            numbers = figure if isinstance(figure, list) else [figure]
+            _need(len(numbers) in (1, 2), f"paper figure of {method} must be a number or [mean, std]")
+        self.paper = {
+            m: (float(f[0]), float(f[1]) if len(f) == 2 else None) if isinstance(f, list) else (float(f), None)
+            for m, f in self.paper.items()
+        }
+        _need(
+            all(0 < t <= 1 and (r is None or r >= 1) for v in self.paper_rounds.values() for t, r in v.items()),
+            "paper_rounds must map a method to {target accuracy in (0, 1]: rounds >= 1 or null}",
+        )
+        self.paper_rounds = {m: {str(float(t)): r for t, r in v.items()} for m, v in self.paper_rounds.items()}
+        _need(
+            all(set(v) <= set(self.config) for v in self.method_config.values()),
+            "method_config must map a method to {scale: config} at the cell's scales",
+        )
+
+    @property
+    def configs(self) -> dict[str, str]:
+        return self.config
+
+    @property
+    def method_configs(self) -> dict[str, dict[str, str]]:
+        return self.method_config
 
 
 @dataclass
 class Table:
-    name: str
-    title: str
-    source: str
-    report: str
-    metric: str
-    seeds: int
+    """A table file, read by raysim.config.parse.build_dataclass like a config (one-line errors)."""
+
+    title: str  # what the paper's table shows
     cells: dict[str, Cell]
-    methods: dict[str, Method]
-    orderings: list[tuple[str, str]]  # (better, worse)
-    minutes: dict[str, dict[str, float]]  # scale -> method -> minutes a run (reference machine)
-    path: Path
+    methods: dict[str, Method | None]
+    source: str = ""  # where its figures come from
+    report: str = ""  # where the measured table is written up
+    metric: Metric = "last5_accuracy"  # the measured figure set beside the paper's
+    seeds: int = 3  # seeds 0..n-1 unless --seeds says otherwise
+    orderings: list[str] = field(default_factory=list)  # read as (better, worse) pairs
+    minutes: dict[Scale, dict[str, float]] = field(default_factory=dict)  # a run's minutes, reference machine
+    name: str = field(default="", init=False)
+    path: Path = field(default=Path(), init=False)
+
+    def __post_init__(self):
+        _need(self.seeds >= 1, "seeds must be a positive integer")
+        _need(bool(self.cells), "needs 'cells': name -> {label, config, paper}")
+        _need(bool(self.methods), "needs 'methods': name -> {label, ...}")
+        self.methods = {str(n): m or Method() for n, m in self.methods.items()}
+        for name, method in self.methods.items():
+            method.name, method.label = name, method.label or name
+        for name, cell in self.cells.items():
+            cell.name, cell.label = str(name), cell.label or str(name)
+            for what, methods in (
+                ("paper figure", cell.paper),
+                ("paper_rounds", cell.paper_rounds),
+                ("method_config", cell.method_config),
+            ):
+                unknown = sorted(set(methods) - set(self.methods))
+                _need(not unknown, f"cell {name}: {what} for unknown method {', '.join(unknown)}")
+        pairs = []
+        for text in self.orderings:
+            match = _ORDERING.match(str(text))
+            _need(match is not None, f"ordering {text!r} must read 'method > method'")
+            _need(set(match.groups()) <= set(self.methods), f"ordering {text!r} names a method the table does not have")
+            pairs.append(match.groups())
+        self.orderings = pairs
+        unknown = sorted({m for v in self.minutes.values() for m in v} - set(self.methods))
+        _need(not unknown, f"minutes name unknown method(s) {', '.join(unknown)}")
 
     def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
         """The orderings checked in `cell`: the table's, where the paper gives both figures; without
@@ -144,127 +221,10 @@ def load_table(name_or_path: str | Path) -> Table:
     return _parse(path, raw)
 
 
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _parse(path: Path, raw: Any) -> Table:
-    where = f"table file '{path}'"
-
-    def need(cond: bool, what: str) -> None:
-        if not cond:
-            raise RaysimError(f"{where}: {what}")
-
-    need(isinstance(raw, dict), "must be a mapping with title, cells and methods")
-    unknown = set(raw) - {"title", "source", "report", "metric", "seeds", "cells", "methods", "orderings", "minutes"}
-    need(not unknown, f"unknown key(s) {', '.join(sorted(unknown))}")
-    need(isinstance(raw.get("title"), str), "needs a 'title' (what the paper's table shows)")
-    metric = raw.get("metric", "last5_accuracy")
-    need(metric in METRICS, f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    seeds = raw.get("seeds", 3)
-    need(isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1, "seeds must be a positive integer")
-
-    methods = {}
-    need(isinstance(raw.get("methods"), dict) and raw["methods"], "needs 'methods': name -> {label, ...}")
-    for name, spec in raw["methods"].items():
-        spec = spec or {}
-        need(isinstance(spec, dict), f"method {name} must be a mapping")
-        extra = set(spec) - {"label", "algorithm", "overrides"}
-        need(not extra, f"method {name} has unknown key(s) {', '.join(sorted(extra))}")
-        algorithm = spec.get("algorithm")
-        need(
-            algorithm is None or (isinstance(algorithm, dict) and "name" in algorithm),
-            f"method {name}: 'algorithm' must be a section with a name",
-        )
-        overrides = spec.get("overrides") or {}
-        need(
-            isinstance(overrides, dict) and all(isinstance(k, str) for k in overrides),
-            f"method {name}: overrides must map dotted keys to values",
-        )
-        methods[str(name)] = Method(str(name), str(spec.get("label", name)), algorithm, overrides)
-
-    cells = {}
-    need(isinstance(raw.get("cells"), dict) and raw["cells"], "needs 'cells': name -> {label, config, paper}")
-    for name, spec in raw["cells"].items():
-        need(isinstance(spec, dict), f"cell {name} must be a mapping")
-        extra = set(spec) - {"label", "config", "overrides", "paper", "paper_rounds", "method_config"}
-        need(not extra, f"cell {name} has unknown key(s) {', '.join(sorted(extra))}")
-        configs = spec.get("config")
-        need(
-            isinstance(configs, dict) and configs and set(configs) <= set(SCALES),
-            f"cell {name}: config must map a scale ({', '.join(SCALES)}) to a shipped config",
-        )
-        paper = {}
-        figures = spec.get("paper") or {}
-        need(isinstance(figures, dict), f"cell {name}: paper must map a method to its figure")
-        for method, figure in figures.items():
-            need(method in methods, f"cell {name}: paper figure for unknown method {method}")
-            numbers = figure if isinstance(figure, list) else [figure]
-            need(
-                len(numbers) in (1, 2) and all(_number(x) for x in numbers),
-                f"cell {name}: paper figure of {method} must be a number or [mean, std]",
-            )
-            paper[method] = (float(numbers[0]), float(numbers[1]) if len(numbers) == 2 else None)
-        paper_rounds = {}
-        for method, by_target in (spec.get("paper_rounds") or {}).items():
-            need(
-                method in methods
-                and isinstance(by_target, dict)
-                and all(_number(t) and 0 < t <= 1 for t in by_target)
-                and all(r is None or (_number(r) and r == int(r) >= 1) for r in by_target.values()),
-                f"cell {name}: paper_rounds must map a method to {{target accuracy in (0, 1]: rounds or null}}",
-            )
-            paper_rounds[method] = {str(float(t)): None if r is None else int(r) for t, r in by_target.items()}
-        overrides = spec.get("overrides") or {}
-        need(isinstance(overrides, dict), f"cell {name}: overrides must map dotted keys to values")
-        if not (overrides and set(overrides) <= set(SCALES)):  # the same at every scale
-            overrides = {scale: overrides for scale in SCALES}
-        need(
-            all(isinstance(v, dict) and all(isinstance(k, str) for k in v) for v in overrides.values()),
-            f"cell {name}: overrides must map dotted keys to values (or a scale to such a mapping)",
-        )
-        own = spec.get("method_config") or {}
-        need(
-            isinstance(own, dict)
-            and all(m in methods and isinstance(v, dict) and set(v) <= set(configs) for m, v in own.items()),
-            f"cell {name}: method_config must map a method of the table to {{scale: config}} at the cell's scales",
-        )
-        cells[str(name)] = Cell(
-            str(name),
-            str(spec.get("label", name)),
-            dict(configs),
-            overrides,
-            paper,
-            {m: dict(v) for m, v in own.items()},
-            paper_rounds,
-        )
-
-    orderings = []
-    for text in raw.get("orderings") or []:
-        match = _ORDERING.match(str(text))
-        need(match is not None, f"ordering {text!r} must read 'method > method'")
-        a, b = match.groups()
-        need(a in methods and b in methods, f"ordering {text!r} names a method the table does not have")
-        orderings.append((a, b))
-    minutes = raw.get("minutes") or {}
-    need(
-        isinstance(minutes, dict)
-        and set(minutes) <= set(SCALES)
-        and all(
-            isinstance(v, dict) and all(m in methods and _number(x) for m, x in v.items()) for v in minutes.values()
-        ),
-        "minutes must map a scale to {method: minutes a run}",
-    )
-    return Table(
-        path.stem,
-        raw["title"],
-        str(raw.get("source", "")),
-        str(raw.get("report", "")),
-        metric,
-        seeds,
-        cells,
-        methods,
-        orderings,
-        {scale: dict(v) for scale, v in minutes.items()},
-        path,
-    )
+    try:
+        table = build_dataclass(Table, raw, "", noun="key")
+    except RaysimError as exc:
+        raise RaysimError(f"table file '{path}': {exc}") from None
+    table.name, table.path = path.stem, path
+    return table
