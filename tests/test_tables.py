@@ -153,6 +153,7 @@ methods:
         (("title: t", "title: t\nminutes: {cpu: 5}"), "key 'minutes.cpu' must be a mapping"),
         (("paper: {one: 50", "paper_rounds: {one: {80: 3}}, paper: {one: 50"), "paper_rounds must map a method"),
         (("paper: {one: 50", "paper_rounds: {one: {0.8: 0}}, paper: {one: 50"), "paper_rounds must map a method"),
+        (("a: {config:", "a: {overrides: {algorithm.mu: 0.1}, config:"), "cell a sets algorithm.mu for every method"),
     ],
 )
 def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, words):
@@ -342,3 +343,23 @@ def test_runs_side_by_side_are_as_many_as_the_cluster_holds(tmp_path, monkeypatc
     table = load_table(write_table(tmp_path, GOOD))
     runs = plan_runs(table, "cpu", [0, 1], ["a"], ["one", "two"], tmp_path / "out", None, resources)
     assert slots(runs) == fit
+
+
+def test_a_cell_override_of_a_methods_own_parameter_is_refused_for_the_methods_it_is_not_meant_for(tmp_path):
+    """A cell's overrides hold for every method: one that sets a method's own parameter (FedDF's and
+    DENSE's distillation learning rate) is refused for the methods that switch to it by name; the same
+    key in a method's own overrides is meant, and runs."""
+    text = """
+title: t
+cells:
+  a: {config: {cpu: fedhydra/fmnist_alpha0.1_cpu}, overrides: {algorithm.kd_lr: 0.02}}
+methods:
+  fedhydra: {overrides: {algorithm.name: fedhydra}}
+  dense: {overrides: {algorithm.name: dense}}
+  dense_meant: {overrides: {algorithm.name: dense, algorithm.kd_lr: 0.03}}
+"""
+    table = load_table(write_table(tmp_path, text))
+    assert table.config("a", "fedhydra", "cpu", 0, DATA).algorithm.kd_lr == 0.02
+    assert table.config("a", "dense_meant", "cpu", 0, DATA).algorithm.kd_lr == 0.03
+    with pytest.raises(RaysimError, match="algorithm.name=dense .* dense's own parameter.*algorithm.kd_lr=0.02"):
+        table.config("a", "dense", "cpu", 0, DATA)

@@ -57,7 +57,7 @@ def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str,
         per_method = tree.get(PER_METHOD) or {}
         meant = per_method.get(name) if isinstance(per_method, dict) else None
         meant = set(meant) if isinstance(meant, dict) else set()
-        carried = sorted(set(written) & algorithm_class(name).own_params() - explicit - meant)
+        carried = sorted((set(written) & algorithm_class(name).own_params()) - explicit - meant)
         if carried:
             shown = ", ".join(f"algorithm.{k}={written[k]!r}" for k in carried)
             raise RaysimError(

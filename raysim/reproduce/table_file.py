@@ -152,6 +152,14 @@ class Table:
             ):
                 unknown = sorted(set(methods) - set(self.methods))
                 _need(not unknown, f"cell {name}: {what} for unknown method {', '.join(unknown)}")
+            # a cell's algorithm keys hold for every method: not for one that brings its own section
+            shared = sorted({k for v in cell.overrides.values() for k in v if k.startswith("algorithm.")})
+            own = sorted(m for m, method in self.methods.items() if method.algorithm is not None)
+            _need(
+                not (shared and own),
+                f"cell {name} sets {', '.join(shared)} for every method, but {', '.join(own)} bring their own "
+                "algorithm section: set it in the overrides of the methods it is meant for",
+            )
         pairs = []
         for text in self.orderings:
             match = _ORDERING.match(str(text))
