@@ -257,7 +257,7 @@ def _list_tables() -> int:
         print(f"  cells:   {', '.join(table.cells)}")
         print(f"  methods: {', '.join(table.methods)}")
         for scale in ("cpu", "paper"):
-            cells = [c for c in table.cells.values() if scale in c.configs]
+            cells = [c for c in table.cells.values() if scale in c.config]
             if not cells:
                 continue
             minutes, missing = table_minutes(table, scale, table.seeds, speed)

@@ -9,6 +9,12 @@ class RaysimError(Exception):
     """
 
 
+def need(condition: bool, message: str) -> None:
+    """Raise RaysimError(message) unless `condition` holds: the one-line checks of configs, tables and sweeps."""
+    if not condition:
+        raise RaysimError(message)
+
+
 def user_message(exc: BaseException) -> str:
     """The message of a RaysimError, also when an actor raised it: Ray then wraps it in a RayTaskError
     (still a RaysimError) whose text is a traceback, and keeps the original as `.cause`."""

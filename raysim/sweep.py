@@ -29,18 +29,13 @@ from typing import Any, Literal
 
 from raysim.config import Config, build_dataclass, parse_override, read_yaml
 from raysim.config.load import apply_overrides, config_from_dict
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, need
 
 Form = Literal["grid", "choice", "uniform", "loguniform"]
 Metric = Literal["best_accuracy", "final_accuracy", "last5_accuracy"]
 SPACE_FORMS = typing.get_args(Form)
 METRICS = typing.get_args(Metric)
 MAX_CHECKED_COMBINATIONS = 256  # up to this many, every combination of values is validated before the sweep
-
-
-def _need(condition: bool, what: str) -> None:
-    if not condition:
-        raise RaysimError(what)
 
 
 @dataclass
@@ -50,10 +45,8 @@ class SchedulerSpec:
     reduction_factor: float = 2.0
 
     def __post_init__(self):
-        _need(self.grace_period >= 1, f"scheduler.grace_period must be a whole number >= 1, got {self.grace_period}")
-        _need(
-            self.reduction_factor > 1, f"scheduler.reduction_factor must be a number > 1, got {self.reduction_factor}"
-        )
+        need(self.grace_period >= 1, f"scheduler.grace_period must be a whole number >= 1, got {self.grace_period}")
+        need(self.reduction_factor > 1, f"scheduler.reduction_factor must be a number > 1, got {self.reduction_factor}")
 
 
 @dataclass
@@ -80,28 +73,28 @@ class Sweep:
             ("concurrency", self.concurrency, 1),
             ("seed", self.seed, 0),
         ):
-            _need(value >= low, f"{name} must be a whole number >= {low}, got {value}")
-        _need(
+            need(value >= low, f"{name} must be a whole number >= {low}, got {value}")
+        need(
             bool(self.space),
             "'space' must map config keys to a search form, e.g. space: {algorithm.gamma: {grid: [0.5, 0.9]}}",
         )
         for key, spec in self.space.items():
-            _need(
+            need(
                 len(spec) == 1,
                 f"space.{key} must be one of {{grid: [...]}}, {{choice: [...]}}, {{uniform: [low, high]}}, "
                 f"{{loguniform: [low, high]}}, got {spec!r}",
             )
             form, values = next(iter(spec.items()))
-            _need(bool(values), f"space.{key}.{form} must be a non-empty list, got {values!r}")
+            need(bool(values), f"space.{key}.{form} must be a non-empty list, got {values!r}")
             if form in ("uniform", "loguniform"):
                 numbers = len(values) == 2 and all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
                 )
-                _need(
+                need(
                     numbers and values[0] < values[1],
                     f"space.{key}.{form} must be [low, high] numbers with low < high, got {values!r}",
                 )
-                _need(form == "uniform" or values[0] > 0, f"space.{key}.loguniform needs low > 0, got {values[0]}")
+                need(form == "uniform" or values[0] > 0, f"space.{key}.loguniform needs low > 0, got {values[0]}")
 
     def trial_config(self, params: dict[str, Any]) -> Config:
         """The base config with one trial's values for the swept keys."""

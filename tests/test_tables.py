@@ -23,7 +23,7 @@ from raysim.reproduce.table_file import TABLES_DIR
 DATA = "/nonexistent/data"  # configs are validated, never loaded
 TABLES = sorted(p.stem for p in TABLES_DIR.glob("*.yaml"))
 RUNS = [
-    (name, cell, scale) for name in TABLES for cell, spec in load_table(name).cells.items() for scale in spec.configs
+    (name, cell, scale) for name in TABLES for cell, spec in load_table(name).cells.items() for scale in spec.config
 ]
 
 
@@ -66,7 +66,7 @@ def test_paper_figures_are_percentages_and_orderings_name_methods_with_figures()
 
 
 def test_every_target_the_paper_counts_rounds_to_is_one_the_runs_report():
-    counted = [(t, c.name, s) for t in list_tables() for c in t.cells.values() if c.paper_rounds for s in c.configs]
+    counted = [(t, c.name, s) for t in list_tables() for c in t.cells.values() if c.paper_rounds for s in c.config]
     assert counted
     for table, cell, scale in counted:
         wanted = {t for figures in table.cells[cell].paper_rounds.values() for t in figures}
@@ -86,7 +86,7 @@ def test_the_dcfl_table_carries_table_ii():
     assert table.cells["fmnist_ck2"].paper["dcfl"] == (69.14, 2.39)
     assert table.cells["cifar10_dir0.5"].paper["fedavg"] == (49.15, 0.94)
     assert table.cells["svhn_ck2"].paper["dcfl_feddisco"] == (85.44, 1.48)
-    assert [c for c, spec in table.cells.items() if "cpu" in spec.configs] == [
+    assert [c for c, spec in table.cells.items() if "cpu" in spec.config] == [
         "fmnist_dir0.5",
         "fmnist_dir0.1",
         "fmnist_ck2",

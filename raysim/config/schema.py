@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from raysim.config.parse import build_dataclass
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, need
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     # the algorithm's name and its typed Params (filled in by raysim.config.load, through the registry)
-    algorithm: AlgorithmSection = field(default_factory=lambda: AlgorithmSection())
+    algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -232,10 +232,6 @@ def client_architectures(config: Config) -> list[ModelConfig]:
 
 def validate(config: Config) -> None:
     """Value checks that do not need the data (those that do live in the data/partition code)."""
-
-    def need(ok: bool, message: str) -> None:
-        if not ok:
-            raise RaysimError(message)
 
     need(config.rounds >= 1, f"rounds must be >= 1, got {config.rounds}")
     for name, seed in (("seed", config.seed), ("partition.seed", config.partition.seed)):

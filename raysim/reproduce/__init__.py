@@ -71,7 +71,7 @@ def reproduce(
         raise RaysimError(f"--scale {scale!r}: choose {' or '.join(SCALES)}")
     table = load_table(name)
     cell_names = selection(table, cells, table.cells, "cell")
-    available = [c for c in cell_names if scale in table.cells[c].configs]
+    available = [c for c in cell_names if scale in table.cells[c].config]
     if not available:
         raise RaysimError(f"table {table.name} has no cell at {scale} scale among {', '.join(cell_names)}")
     if cells is not None and len(available) < len(cell_names):

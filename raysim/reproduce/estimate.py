@@ -49,7 +49,7 @@ def table_minutes(table: Table, scale: str, runs_per_method: int, speed: float) 
     """(estimated minutes for the table's cells at `scale`, number of cells x methods without a
     recorded figure). `speed` is calibrate() here over REFERENCE_SECONDS."""
     recorded = table.minutes.get(scale, {})
-    cells = [c for c in table.cells.values() if scale in c.configs]
+    cells = [c for c in table.cells.values() if scale in c.config]
     if not cells:
         return None, 0
     total, missing = 0.0, 0

@@ -44,7 +44,7 @@ import yaml
 from raysim.config import Config, build_dataclass, read_yaml
 from raysim.config.files import ROOT as CONFIGS_ROOT
 from raysim.config.files import resolve
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, need
 
 TABLES_DIR = CONFIGS_ROOT / "tables"
 Scale = Literal["cpu", "paper"]
@@ -52,11 +52,6 @@ Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy"]
 SCALES = typing.get_args(Scale)
 METRICS = typing.get_args(Metric)
 _ORDERING = re.compile(r"^\s*([\w.-]+)\s*>\s*([\w.-]+)\s*$")
-
-
-def _need(condition: bool, what: str) -> None:
-    if not condition:
-        raise RaysimError(what)
 
 
 @dataclass
@@ -69,7 +64,7 @@ class Method:
     name: str = field(default="", init=False)  # its key in the table
 
     def __post_init__(self):
-        _need(self.algorithm is None or "name" in self.algorithm, "'algorithm' must be a section with a name")
+        need(self.algorithm is None or "name" in self.algorithm, "'algorithm' must be a section with a name")
 
 
 @dataclass
@@ -87,37 +82,29 @@ class Cell:
     name: str = field(default="", init=False)
 
     def __post_init__(self):
-        _need(bool(self.config), f"config must map a scale ({', '.join(SCALES)}) to a shipped config")
+        need(bool(self.config), f"config must map a scale ({', '.join(SCALES)}) to a shipped config")
         if not (self.overrides and set(self.overrides) <= set(SCALES)):  # the same at every scale
             self.overrides = {scale: self.overrides for scale in SCALES}
-        _need(
+        need(
             all(isinstance(v, dict) for v in self.overrides.values()),
             "overrides must map dotted keys to values (or a scale to such a mapping)",
         )
         for method, figure in self.paper.items():
             numbers = figure if isinstance(figure, list) else [figure]
-            _need(len(numbers) in (1, 2), f"paper figure of {method} must be a number or [mean, std]")
+            need(len(numbers) in (1, 2), f"paper figure of {method} must be a number or [mean, std]")
         self.paper = {
             m: (float(f[0]), float(f[1]) if len(f) == 2 else None) if isinstance(f, list) else (float(f), None)
             for m, f in self.paper.items()
         }
-        _need(
+        need(
             all(0 < t <= 1 and (r is None or r >= 1) for v in self.paper_rounds.values() for t, r in v.items()),
             "paper_rounds must map a method to {target accuracy in (0, 1]: rounds >= 1 or null}",
         )
         self.paper_rounds = {m: {str(float(t)): r for t, r in v.items()} for m, v in self.paper_rounds.items()}
-        _need(
+        need(
             all(set(v) <= set(self.config) for v in self.method_config.values()),
             "method_config must map a method to {scale: config} at the cell's scales",
         )
-
-    @property
-    def configs(self) -> dict[str, str]:
-        return self.config
-
-    @property
-    def method_configs(self) -> dict[str, dict[str, str]]:
-        return self.method_config
 
 
 @dataclass
@@ -137,9 +124,9 @@ class Table:
     path: Path = field(default=Path(), init=False)
 
     def __post_init__(self):
-        _need(self.seeds >= 1, "seeds must be a positive integer")
-        _need(bool(self.cells), "needs 'cells': name -> {label, config, paper}")
-        _need(bool(self.methods), "needs 'methods': name -> {label, ...}")
+        need(self.seeds >= 1, "seeds must be a positive integer")
+        need(bool(self.cells), "needs 'cells': name -> {label, config, paper}")
+        need(bool(self.methods), "needs 'methods': name -> {label, ...}")
         self.methods = {str(n): m or Method() for n, m in self.methods.items()}
         for name, method in self.methods.items():
             method.name, method.label = name, method.label or name
@@ -151,11 +138,11 @@ class Table:
                 ("method_config", cell.method_config),
             ):
                 unknown = sorted(set(methods) - set(self.methods))
-                _need(not unknown, f"cell {name}: {what} for unknown method {', '.join(unknown)}")
+                need(not unknown, f"cell {name}: {what} for unknown method {', '.join(unknown)}")
             # a cell's algorithm keys hold for every method: not for one that brings its own section
             shared = sorted({k for v in cell.overrides.values() for k in v if k.startswith("algorithm.")})
             own = sorted(m for m, method in self.methods.items() if method.algorithm is not None)
-            _need(
+            need(
                 not (shared and own),
                 f"cell {name} sets {', '.join(shared)} for every method, but {', '.join(own)} bring their own "
                 "algorithm section: set it in the overrides of the methods it is meant for",
@@ -163,12 +150,12 @@ class Table:
         pairs = []
         for text in self.orderings:
             match = _ORDERING.match(str(text))
-            _need(match is not None, f"ordering {text!r} must read 'method > method'")
-            _need(set(match.groups()) <= set(self.methods), f"ordering {text!r} names a method the table does not have")
+            need(match is not None, f"ordering {text!r} must read 'method > method'")
+            need(set(match.groups()) <= set(self.methods), f"ordering {text!r} names a method the table does not have")
             pairs.append(match.groups())
         self.orderings = pairs
         unknown = sorted({m for v in self.minutes.values() for m in v} - set(self.methods))
-        _need(not unknown, f"minutes name unknown method(s) {', '.join(unknown)}")
+        need(not unknown, f"minutes name unknown method(s) {', '.join(unknown)}")
 
     def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
         """The orderings checked in `cell`: the table's, where the paper gives both figures; without
@@ -190,14 +177,14 @@ class Table:
         self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None
     ) -> dict[str, Any]:
         c, m = self.cells[cell], self.methods[method]
-        if scale not in c.configs:
+        if scale not in c.config:
             raise RaysimError(
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
-                f"(it has {', '.join(c.configs)}): choose --scale {' or '.join(c.configs)} or leave the cell out"
+                f"(it has {', '.join(c.config)}): choose --scale {' or '.join(c.config)} or leave the cell out"
             )
         from raysim.config.load import apply_overrides
 
-        tree = read_yaml(resolve(c.method_configs.get(method, {}).get(scale, c.configs[scale])))
+        tree = read_yaml(resolve(c.method_config.get(method, {}).get(scale, c.config[scale])))
         if m.algorithm is not None:
             tree["algorithm"] = copy.deepcopy(m.algorithm)
         # the cell's overrides hold for every method, the method's for it alone (apply_overrides)
