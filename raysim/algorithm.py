@@ -290,6 +290,13 @@ class Algorithm:
         """Algorithm-specific entries of summary.json (diagnostics)."""
         return {}
 
+    def own_model(self, state: dict[str, Any], round_index: int) -> bool:
+        """Whether the model evaluated after `round_index` is this method's own result, so that it
+        counts for summary.json's best_accuracy (final and last-5 take every evaluation). A method
+        whose server holds a model it did not make yet (a one-shot distiller before its first
+        epoch) says no for those rounds."""
+        return True
+
     def upload_bytes(self, message: dict[str, Any]) -> int | None:
         """Bytes a client's message costs, when the paper fixes the accounting (None: measure the
         serialised message, which is what crosses the object store)."""

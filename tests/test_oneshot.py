@@ -236,6 +236,18 @@ def test_stratification_finds_each_clients_two_classes_and_is_reported(six_metho
     assert any("stratification" in tag for tag in events.Tags()["images"])
 
 
+def test_best_accuracy_is_over_the_methods_own_models(six_methods):
+    """A distiller's best is over its distillation epochs, not the client round's model (FedDF's is
+    the clients' average, FedAvg one-shot's result); a method that only combines has round 1."""
+    for method in METHODS:
+        summary, run_dir = six_methods[0][method]
+        accuracy = server_series(run_dir, "accuracy")
+        first = 1 if method in ("fedavg_oneshot", "ot_fusion") else 2  # the first round of its own models
+        own = accuracy[first - 1 :]
+        assert summary["best_accuracy"] == max(own), method
+        assert summary["best_round"] == first + own.index(max(own)), method
+
+
 def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_no_number(six_methods):
     runs, cache = six_methods
     assert len(list(cache.glob("client_stage/*.pt"))) == 1

@@ -309,6 +309,11 @@ class DataFreeDistillation(OneShot):
     def after_client_stage(self, state, round_index, ctx):
         return {**state, "pool_x": None, "pool_y": None}
 
+    def own_model(self, state, round_index):
+        # the client round's model is the student before any distillation (FedDF: the clients'
+        # average, FedAvg one-shot's result): best_accuracy is over the distillation epochs
+        return self.position(state, round_index)[1] > 0
+
     # the method's pieces -------------------------------------------------
     def ensemble(self, state: dict[str, Any], teachers: list[torch.nn.Module]) -> Callable:
         """(model-input images, target labels) -> ensemble logits."""

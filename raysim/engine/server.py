@@ -312,7 +312,9 @@ class ServerRuntime:
     def summary(self, finished: bool) -> dict[str, Any]:
         accuracy = self.metrics.server_values("accuracy")
         loss = self.metrics.server_values("loss")
-        best_round, best = max(accuracy, key=lambda rv: (rv[1], -rv[0])) if accuracy else (None, None)
+        # the best of the method's own models (Algorithm.own_model), the earliest round on a tie
+        own = [(r, v) for r, v in accuracy if self.algorithm.own_model(self.state, r)] or accuracy
+        best_round, best = max(own, key=lambda rv: (rv[1], -rv[0])) if own else (None, None)
         return {
             "algorithm": self.config.algorithm.name,
             "dataset": self.config.dataset.name,
