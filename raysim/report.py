@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from raysim.errors import RaysimError
-from raysim.outputs.run_dir import RunDir
+from raysim.results import read_curves, read_run, rounds_to, stat
 from raysim.tables import text_table
 
 
@@ -61,33 +61,12 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def mean_std(values: list[float | None]) -> str:
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.4f}"
-    return f"{np.mean(values):.4f} +- {np.std(values, ddof=1):.4f}"
-
-
-def rounds_to(summaries: list[dict[str, Any]], target: str) -> str:
-    """A `rounds@target` cell: the mean (+- std) over seeds of the first round reaching `target`.
-    When a seed never reached it there is no mean: `>R` says it took more than the R rounds it ran
-    (the fewest such R), with how many seeds did reach it when some did (`>50 (2/3)`).
-    `-`: no run here asked for this target (eval.targets)."""
-    asked = [s for s in summaries if target in (s.get("rounds_to_accuracy") or {})]
-    reached = [s["rounds_to_accuracy"][target] for s in asked if s["rounds_to_accuracy"][target] is not None]
-    if not asked:
-        return "-"
-    if len(reached) < len(asked):
-        never = min(s["rounds"] for s in asked if s["rounds_to_accuracy"][target] is None)
-        return f">{never}" + (f" ({len(reached)}/{len(asked)})" if reached else "")
-    if len(reached) == 1:
-        return str(reached[0])
-    return f"{np.mean(reached):.1f} +- {np.std(reached, ddof=1):.1f}"
+    """A fraction's mean +- sample std over seeds, as `report` shows it (raysim.results.stat)."""
+    return stat(values).shown(digits=4)
 
 
 def read_runs(run_dirs: list[str]) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
-    return [(Path(d), *RunDir(d).read_summary_and_config()) for d in run_dirs]
+    return [(r.path, r.summary, r.config) for r in map(read_run, run_dirs)]
 
 
 def group_runs(
@@ -208,23 +187,6 @@ def check_plot_path(path: str | Path) -> Path:
     if path.suffix.lower() not in PLOT_FORMATS:
         raise RaysimError(f"--plot {path}: the file name must end in {', '.join(PLOT_FORMATS)}")
     return path
-
-
-def read_curves(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """A run's server curves from metrics.parquet: {"accuracy" | "loss": (evaluated rounds, values),
-    "mb_moved": (rounds, cumulative bytes up + down in MB)}."""
-    rows = [r for r in RunDir(run_dir).read_metrics_rows(["round", "client", "metric", "value"]) if r["client"] is None]
-
-    def series(*metrics: str) -> tuple[np.ndarray, np.ndarray]:
-        by_round: dict[int, float] = {}
-        for r in rows:
-            if r["metric"] in metrics:
-                by_round[r["round"]] = by_round.get(r["round"], 0.0) + r["value"]
-        rounds = np.array(sorted(by_round), dtype=np.int64)
-        return rounds, np.array([by_round[r] for r in rounds], dtype=float)
-
-    rounds, moved = series("bytes_up", "bytes_down")
-    return {"accuracy": series("accuracy"), "loss": series("loss"), "mb_moved": (rounds, np.cumsum(moved) / 1e6)}
 
 
 def report_figure(run_dirs: list[str]):

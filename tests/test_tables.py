@@ -16,9 +16,9 @@ from raysim.config import dump_config
 from raysim.errors import RaysimError
 from raysim.outputs.run_dir import RunDir
 from raysim.reproduce import list_tables, load_table, parse_seeds, selection
-from raysim.reproduce.results import as_csv, collect, markdown, method_rows, ordering_rows, rounds_rows
 from raysim.reproduce.runs import PlannedRun, plan_runs, run_state
 from raysim.reproduce.table_file import TABLES_DIR
+from raysim.reproduce.table_output import as_csv, collect, markdown, method_rows, ordering_rows, rounds_rows
 
 DATA = "/nonexistent/data"  # configs are validated, never loaded
 TABLES = sorted(p.stem for p in TABLES_DIR.glob("*.yaml"))
@@ -154,6 +154,8 @@ methods:
         (("paper: {one: 50", "paper_rounds: {one: {80: 3}}, paper: {one: 50"), "paper_rounds must map a method"),
         (("paper: {one: 50", "paper_rounds: {one: {0.8: 0}}, paper: {one: 50"), "paper_rounds must map a method"),
         (("a: {config:", "a: {overrides: {algorithm.mu: 0.1}, config:"), "cell a sets algorithm.mu for every method"),
+        (("title: t", "title: t\nextra: {bytes_up: {unit: GB}}"), "key 'extra.bytes_up.unit' must be one of"),
+        (("title: t", "title: t\nfigures: [rounds, rounds]"), "figures: each axis at most once"),
     ],
 )
 def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, words):
@@ -224,6 +226,37 @@ def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
     text = markdown(table, "cpu", list(rows.values()), [ordering])
     assert "| a | one | 50.0 | 59.0 +- 10.0 | 60.0 +- 10.0 | 61.0 +- 10.0 |" in text
     assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
+
+
+def test_a_tables_extra_readings_are_shown_per_cell_and_method(tmp_path):
+    text = GOOD.replace(
+        "title: t", "title: t\nextra: {teacher: {label: teacher, unit: percent, digits: 1}, bytes_up: {unit: MB}}"
+    )
+    table = load_table(write_table(tmp_path, text))
+    runs = plan_runs(table, "cpu", [0, 1], ["a"], ["one"], tmp_path / "out", None)
+    for run, teacher in zip(runs, (0.5, 0.7)):
+        fake_run(run, 0.6)
+        run.run_dir.write_summary({**run.run_dir.read_summary(), "teacher": teacher})
+    rows = method_rows(table, collect(runs), ["a"], ["one"])
+    text = markdown(table, "cpu", rows, [])
+    assert "| cell | method | teacher (%) | bytes_up |" in text
+    assert "| a | one | 60.0 +- 14.1 | 1.00 +- 0.00 |" in text
+    (row,) = csv.DictReader(io.StringIO(as_csv(table, "cpu", rows, [])))
+    assert float(row["teacher_mean"]) == pytest.approx(60.0) and float(row["bytes_up_mean"]) == pytest.approx(1.0)
+
+
+def test_report_and_reproduce_give_the_same_mean_and_std_of_the_same_runs(tmp_path):
+    from raysim.report import report
+
+    table = load_table(write_table(tmp_path, GOOD))
+    runs = plan_runs(table, "cpu", [0, 1, 2], ["a"], ["one"], tmp_path / "out", None)
+    for run, accuracy in zip(runs, (0.512, 0.498, 0.471)):
+        fake_run(run, accuracy)
+    (row,) = method_rows(table, collect(runs), ["a"], ["one"])
+    mean, std = row["final_mean"], row["final_std"]
+    line = report([str(run.run_dir.path) for run in runs]).splitlines()[2]
+    assert line.split()[2] == "3" and f"{mean / 100:.4f} +- {std / 100:.4f}" in line
+    assert std == pytest.approx(2.0841, abs=1e-4)  # the sample std (ddof 1), not the population's 1.70
 
 
 def test_rounds_to_a_target_sit_beside_the_papers(tmp_path):

@@ -29,11 +29,9 @@ Server (Algorithm 1):
   `update`: each client's classifier change in its latest round, W_k - W_start, refreshed whenever
   it takes part: no extra training, but changes made from different global models are only partly
   comparable.
-  `latest`: each client's newest classifier itself (raysim before issue 44), kept to show the
-  stale-classifier effect.
-  Chosen by what M is for, and checked on the mechanism before any accuracy was compared: on a test
-  run whose clients join in different rounds, `initial` ranks client pairs by label overlap best
-  (experiments/dcfl/README.md has the figures).
+  `latest`: each client's newest classifier itself, which shows the stale-classifier effect.
+  `initial` is the default because it is the paper's reading and because, on a run whose clients
+  join in different rounds, it ranks client pairs by label overlap best (experiments/dcfl/README.md).
   Diagnostics per round (metrics.parquet; the last value in summary.json): `cka_label_spearman`,
   Spearman's rho over the seen pairs between M and the cosine similarity of the two clients'
   label histograms (does CKA see which clients hold the same classes? the server reads the

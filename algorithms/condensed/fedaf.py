@@ -13,7 +13,7 @@ Server:
   v_c = mean_k v_{k,c},  r_c = mean_k r_{k,c}   (over the clients holding c)   (eq. 8, 12)
   train w on S = union S_k with L = CE + lambda_glob LGKM                      (eq. 14)
   LGKM = 1/2 (KL(R||T) + KL(T||R)),  t_c = softmax(mean_{x in S_c} f_w(x) / tau)  (eq. 13, 15, 16)
-Choices where the paper is silent (documented here and in the closing note):
+Choices where the paper is silent:
   - V computed by the clients in round r is broadcast in round r + 1 (one message each way per
     round), so round 1 condenses without CDC;
   - t_c is computed on the classes present in each server mini-batch;
@@ -28,7 +28,7 @@ Choices where the paper is silent (documented here and in the closing note):
     over the projections, about (L / C) ||u - v||^2: a gradient that grows with the gap.
     `cdc_points: per_image` compares each condensed image's
     logits with v_c instead of their mean. Each round every client logs the norm of the CDC gradient
-    on its images over the DM gradient's (`cdc_dm_grad_ratio`); the README gives the measured shares.
+    on its images over the DM gradient's (`cdc_dm_grad_ratio`); experiments/fedaf/README.md gives the measured shares.
   - The initial images (init=average) are averages of real images with random weights, so no two
     coincide (raysim.algorithms.condensed.synthetic.init_synthetic); the server trains on the condensed images
     with DSA drawn per image, as DM's evaluation does.

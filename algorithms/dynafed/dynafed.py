@@ -35,7 +35,7 @@ the real subset comes from the test split; real and noise images carry hard labe
 for the noise), and the test accuracy of the initial model trained on D_syn alone, as the authors'
 evaluate_synset does it (`syn_only_optimizer: sgd`: SGD at D_syn's learned step size, momentum 0.9,
 weight decay 5e-4, a tenth of the step after half of 500 epochs, the mean of 3 trainings; `adam`:
-Adam at 1e-3, raysim's earlier protocol).
+Adam at 1e-3).
 """
 
 from __future__ import annotations

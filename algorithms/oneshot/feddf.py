@@ -16,7 +16,7 @@ The unlabelled data (`distill_source`):
   method reports best, final and last-5 the same way).
 - `generator`: images of a freshly initialised, untrained DENSE generator (`synthesis_batch` a
   epoch). They carry no information about the classes, so the server model stays near chance: a
-  data-free lower bound, this project's default before 2026-11-26.
+  data-free lower bound.
 
 As the authors' code runs the distillation (epfml/federated-learning-public-code, FedDF-code,
 `noise_knowledge_transfer.py`): Adam at lr 1e-3 with a cosine schedule (here annealed over the

@@ -16,22 +16,22 @@ After the one-shot client stage (algorithms/oneshot/_common.py):
     per-client class weights (`model_logit_weights`, U_c's role) are initialised to ones and never
     set or read, so eq. 8 is not applied. (As released, that forward pass cannot run: it keeps one
     sample and one model and indexes u by client where it means class; the weighting by the
-    target label is what it is written to do.) Chosen as the default on that evidence, before any
-    result of it, and because eq. 8 on logits depends on each client's arbitrary logit offset
+    target label is what it is written to do.) The default because it is the teacher of the
+    authors' code, and because eq. 8 on logits depends on each client's arbitrary logit offset
     (raysim.algorithms.oneshot.ensemble; tested);
   - `label_weighted_raw`: the same with the raw u (their code hands u to `Ensemble_E` without
     eq. 4-5's normalisation), so each class's teacher logits are also scaled by sum_k u[k, y];
   - `stratified_eq8`: the paper's eq. 8-11 literally, each client's logits first scaled per class
-    by its U_c row (eq. 8); named `stratified` before 2026-11-26 (that name still means it);
+    by its U_c row (eq. 8) (also accepted as `stratified`);
   - `mean`: the average ensemble (the paper's AE, Fig. 7).
-  (`stratified_unscaled`, the earlier name of `label_weighted`, still means it.)
+  (`stratified_unscaled` is accepted for `label_weighted`.)
 - **HASA** (Algorithm 3), each distillation epoch: the generator minimises
   CE(P, y) + lambda1 L_BN + lambda2 L_AD (eq. 13-16; L_AD = -KL(P, F_g), on the samples where the
   server model disagrees with P, as in the authors' DENSE-based code); the server model then
   minimises kl_weight T^2 KL(P, F_g) + beta CE(F_g, H[P]) (eq. 17-19) over the pool, the KL
   averaged over the batch *and the classes* (`kl_reduction: mean`: their `KLCom(...,
   reduction='mean')`, a tenth of the per-sample KL for 10 classes; `batchmean` is the per-sample
-  KL, this project's reading before 2026-11-26).
+  KL).
 Every run reads the teachers on the test images (summary.json): `teacher_accuracy` (its own
 teacher, label-free) and `teacher_accuracy_given_label` (each test image's true class as the
 target y, as the generator and the server model read it on synthetic images, and as the authors'

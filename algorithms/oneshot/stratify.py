@@ -3,8 +3,8 @@
 For every client k and class j, a freshly initialised generator is trained for `steps` Adam steps
 to make client k alone classify its images as j (eq. 1: CE(F(x_hat; theta_k), j), minimised over
 theta_G); its input noise stays fixed, as eq. 1 and the authors' code have it (their `interview`
-hands z to Adam without requires_grad), unless `learn_z` (this project's reading before
-2026-11-26); the loss of every step is recorded and
+hands z to Adam without requires_grad), unless `learn_z` (z learnt beside the generator); the
+loss of every step is recorded and
 u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
 towards 0, so u is large; one that never saw j stays high and flat.
 

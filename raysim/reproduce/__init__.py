@@ -64,8 +64,8 @@ def reproduce(
 ) -> tuple[list[Path], list]:
     """Run the selection (skipping finished runs, resuming unfinished ones) and write the table.
     Returns the files written and the runs that failed (with their one-line errors)."""
-    from raysim.reproduce.results import write_outputs
     from raysim.reproduce.runs import execute, plan_runs
+    from raysim.reproduce.table_output import write_outputs
 
     if scale not in SCALES:
         raise RaysimError(f"--scale {scale!r}: choose {' or '.join(SCALES)}")
@@ -88,4 +88,18 @@ def reproduce(
     except OSError as exc:
         raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None
     failures = execute(runs, address, parallel, bars)
-    return write_outputs(table, scale, runs, out, available, method_names), failures
+    command = command_line(table, scale, seeds, cells, methods, resources)
+    return write_outputs(table, scale, runs, out, available, method_names, command), failures
+
+
+def command_line(
+    table: Table, scale: str, seeds: str | None, cells: str | None, methods: str | None, resources: list[str] = ()
+) -> str:
+    """The command that writes this selection of the table (the folders as DIR and DATA: where the
+    runs and the datasets lie is the reader's)."""
+    parts = ["raysim reproduce", table.name, f"--scale {scale}"]
+    parts += [
+        f"--{flag} {value}" for flag, value in (("seeds", seeds), ("cells", cells), ("methods", methods)) if value
+    ]
+    parts += [*resources, "--out DIR", "--data-root DATA"]
+    return " ".join(parts)

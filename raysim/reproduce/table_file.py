@@ -20,6 +20,11 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
       dcfl: {label: DCFL, overrides: {algorithm.base: fedavg}}
     orderings: ["dcfl > fedavg"]       # checked per cell and seed; default: the paper's best cell by cell
     minutes: {cpu: {fedavg: 1.5, dcfl: 4}}  # one run's wall time on the reference 2-core machine
+    extra:                             # optional: summary.json numbers shown per cell and method
+      cka_label_spearman: {label: "CKA-label rho (last round)"}
+      ensemble_accuracy: {label: "average ensemble", unit: percent}
+      bytes_up: {label: "MB up", unit: MB}
+    figures: [rounds, mb]              # accuracy curves against rounds (curves.png) and MB moved (curves_mb.png)
 
 A run's config is the cell's config at the chosen scale (or the method's own config of the cell,
 where `method_config` names one: a method whose algorithm section differs between cells and scales,
@@ -49,9 +54,23 @@ from raysim.errors import RaysimError, need
 TABLES_DIR = CONFIGS_ROOT / "tables"
 Scale = Literal["cpu", "paper"]
 Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy"]
+Axis = Literal["rounds", "mb"]  # a figure's x axis: rounds, or cumulative megabytes moved up and down
 SCALES = typing.get_args(Scale)
 METRICS = typing.get_args(Metric)
 _ORDERING = re.compile(r"^\s*([\w.-]+)\s*>\s*([\w.-]+)\s*$")
+
+
+@dataclass
+class Extra:
+    """A summary.json number a table shows per cell and method (mean +- std over the seeds)."""
+
+    label: str = ""
+    unit: Literal["", "percent", "MB"] = ""  # percent: x 100 (an accuracy); MB: bytes / 1e6
+    digits: int = 2
+
+    @property
+    def scale(self) -> float:
+        return {"percent": 100.0, "MB": 1e-6}.get(self.unit, 1.0)
 
 
 @dataclass
@@ -120,6 +139,8 @@ class Table:
     seeds: int = 3  # seeds 0..n-1 unless --seeds says otherwise
     orderings: list[str] = field(default_factory=list)  # read as (better, worse) pairs
     minutes: dict[Scale, dict[str, float]] = field(default_factory=dict)  # a run's minutes, reference machine
+    extra: dict[str, Extra | None] = field(default_factory=dict)  # summary.json key (dotted) -> how it is shown
+    figures: list[Axis] = field(default_factory=lambda: ["rounds"])  # accuracy against each axis, per cell
     name: str = field(default="", init=False)
     path: Path = field(default=Path(), init=False)
 
@@ -156,6 +177,10 @@ class Table:
         self.orderings = pairs
         unknown = sorted({m for v in self.minutes.values() for m in v} - set(self.methods))
         need(not unknown, f"minutes name unknown method(s) {', '.join(unknown)}")
+        self.extra = {str(key): extra or Extra() for key, extra in self.extra.items()}
+        for key, extra in self.extra.items():
+            extra.label = extra.label or key
+        need(bool(self.figures) and len(set(self.figures)) == len(self.figures), "figures: each axis at most once")
 
     def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
         """The orderings checked in `cell`: the table's, where the paper gives both figures; without

@@ -1,65 +1,63 @@
-"""A reproduced table: per cell and method the measured mean +- std beside the paper's figure, the
-paper's orderings with the number of seeds on which each holds, the rounds to a target accuracy
-where the paper counts them, and the accuracy curves.
+"""A reproduced table's files: per cell and method the measured mean +- std beside the paper's
+figure (table.md, table.csv), the paper's orderings with the number of seeds on which each holds,
+the rounds to a target accuracy where the paper counts them, the table's extra readings, and the
+accuracy curves (curves.png; curves_mb.png against the megabytes moved).
 
-Figures are in percent, as the papers give them; std is the sample standard deviation over seeds
-(ddof 1, as `raysim report` computes it). An ordering "a > b" holds on a seed when a's figure
-(the table's metric) is above b's on that seed.
+Every number comes from raysim.results (the runs read through RunDir; mean and sample std over the
+seeds, as `raysim report` gives them). Figures are in percent, as the papers give them. An ordering
+"a > b" holds on a seed when a's figure (the table's metric) is above b's on that seed.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from raysim.reproduce.runs import PlannedRun, is_finished
 from raysim.reproduce.table_file import METRICS, Table
+from raysim.results import RunRecord, Stat, mb_moved, read_run, rounds_to, stat
 
 SHORT = {"last5_accuracy": "last-5", "final_accuracy": "final", "best_accuracy": "best"}
 
 
 @dataclass
 class Measured:
-    """The finished seeds of one (cell, method)."""
+    """The finished seeds of one (cell, method), each run as read by raysim.results."""
 
-    seeds: list[int]
-    summaries: list[dict[str, Any]]
-    run_dirs: list[Path]
+    seeds: list[int] = field(default_factory=list)
+    records: list[RunRecord] = field(default_factory=list)
 
-    def values(self, metric: str) -> list[float]:
-        return [100 * s[metric] for s in self.summaries if s.get(metric) is not None]
+    @property
+    def summaries(self) -> list[dict[str, Any]]:
+        return [r.summary for r in self.records]
+
+    def values(self, key: str, scale: float = 100.0) -> list[float]:
+        """The seeds' summary.json numbers under `key`, times `scale` (accuracies in percent)."""
+        return [v * scale for r in self.records if (v := r.value(key)) is not None]
 
     def by_seed(self, metric: str) -> dict[int, float]:
-        return {seed: 100 * s[metric] for seed, s in zip(self.seeds, self.summaries) if s.get(metric) is not None}
+        return {seed: 100 * v for seed, r in zip(self.seeds, self.records) if (v := r.value(metric)) is not None}
+
+    def stat(self, key: str, scale: float = 100.0) -> Stat:
+        return stat(self.values(key, scale))
 
 
 def collect(runs: list[PlannedRun]) -> dict[tuple[str, str], Measured]:
     out: dict[tuple[str, str], Measured] = {}
     for run in runs:
-        entry = out.setdefault((run.cell, run.method), Measured([], [], []))
+        entry = out.setdefault((run.cell, run.method), Measured())
         if is_finished(run):
-            summary = run.run_dir.read_summary()
             entry.seeds.append(run.seed)
-            entry.summaries.append(summary)
-            entry.run_dirs.append(run.run_dir.path)
+            entry.records.append(read_run(run.run_dir.path))
     return out
 
 
-def mean_std(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return float(np.mean(values)), (float(np.std(values, ddof=1)) if len(values) > 1 else None)
-
-
-def shown(mean: float | None, std: float | None) -> str:
-    if mean is None:
-        return "-"
-    return f"{mean:.1f}" if std is None else f"{mean:.1f} +- {std:.1f}"
+def shown(mean: float | None, std: float | None, digits: int = 1) -> str:
+    """A figure as the table shows it (a percent: one decimal), in raysim.results' form."""
+    return Stat(mean, std, 0).shown(digits=digits)
 
 
 def one_decimal(value: float | None) -> str:
@@ -77,8 +75,8 @@ def ordering_rows(
         for a, b in table.cell_orderings(cell):
             if methods is not None and (a not in methods or b not in methods):
                 continue
-            one = measured.get((cell_name, a), Measured([], [], [])).by_seed(table.metric)
-            two = measured.get((cell_name, b), Measured([], [], [])).by_seed(table.metric)
+            one = measured.get((cell_name, a), Measured()).by_seed(table.metric)
+            two = measured.get((cell_name, b), Measured()).by_seed(table.metric)
             both = sorted(set(one) & set(two))
             rows.append(
                 {
@@ -100,22 +98,24 @@ def method_rows(
     for cell_name in cells:
         cell = table.cells[cell_name]
         for method in methods:
-            m = measured.get((cell_name, method), Measured([], [], []))
+            m = measured.get((cell_name, method), Measured())
             paper = cell.paper.get(method)
             row: dict[str, Any] = {
                 "cell": cell_name,
                 "method": method,
-                "seeds": len(m.values(table.metric)),
+                "seeds": m.stat(table.metric).n,
                 "paper_mean": paper[0] if paper else None,
                 "paper_std": paper[1] if paper else None,
             }
             for metric in METRICS:
-                row[f"{SHORT[metric]}_mean"], row[f"{SHORT[metric]}_std"] = mean_std(m.values(metric))
+                value = m.stat(metric)
+                row[f"{SHORT[metric]}_mean"], row[f"{SHORT[metric]}_std"] = value.mean, value.std
             row["per_seed"] = " ".join(f"{v:.1f}" for v in m.values(table.metric))
-            walls = [s["wall_time_s"] / 60 for s in m.summaries if s.get("wall_time_s") is not None]
-            moved = [(s.get("bytes_up", 0) + s.get("bytes_down", 0)) / 1e6 for s in m.summaries]
-            row["wall_min"] = float(np.mean(walls)) if walls else None
-            row["mb_moved"] = float(np.mean(moved)) if moved else None
+            row["wall_min"] = m.stat("wall_time_s", 1 / 60).mean
+            row["mb_moved"] = stat([mb_moved(s) for s in m.summaries]).mean
+            for key, extra in table.extra.items():
+                value = m.stat(key, extra.scale)
+                row[f"{key}_mean"], row[f"{key}_std"] = value.mean, value.std
             rows.append(row)
     return rows
 
@@ -125,13 +125,11 @@ def rounds_rows(
 ) -> list[dict[str, Any]]:
     """Rounds to a target accuracy, per cell, method and target: the targets the paper gives figures for
     and those the runs were asked for (eval.targets), measured as `raysim report` shows them."""
-    from raysim.report import rounds_to
-
     rows = []
     for cell_name in cells:
         cell = table.cells[cell_name]
         for method in methods:
-            m = measured.get((cell_name, method), Measured([], [], []))
+            m = measured.get((cell_name, method), Measured())
             paper = cell.paper_rounds.get(method, {})
             asked = {t for s in m.summaries for t in s.get("rounds_to_accuracy") or {}}
             for target in sorted(set(paper) | asked, key=float):
@@ -158,22 +156,30 @@ def _paper_rounds(paper: dict[str, int | None], target: str) -> str:
 
 
 def write_outputs(
-    table: Table, scale: str, runs: list[PlannedRun], out: Path, cells: list[str], methods: list[str]
+    table: Table,
+    scale: str,
+    runs: list[PlannedRun],
+    out: Path,
+    cells: list[str],
+    methods: list[str],
+    command: str = "",
 ) -> list[Path]:
-    """DIR/table.md, DIR/table.csv and DIR/curves.png from the finished runs."""
+    """DIR/table.md, DIR/table.csv and the table's figures (curves.png, curves_mb.png) from the
+    finished runs; `command` (the one that writes them) heads table.md."""
     from raysim.outputs.files import write_text
 
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)
     orderings = ordering_rows(table, measured, cells, methods)
     rounds = rounds_rows(table, measured, cells, methods)
-    write_text(out / "table.md", markdown(table, scale, rows, orderings, rounds))
+    write_text(out / "table.md", markdown(table, scale, rows, orderings, rounds, command))
     write_text(out / "table.csv", as_csv(table, scale, rows, orderings, rounds))
     written = [out / "table.md", out / "table.csv"]
     if any(m.seeds for m in measured.values()):
-        from raysim.reproduce.curves import write_curves
+        from raysim.reproduce.curves import FIGURE_FILES, write_curves
 
-        written.append(write_curves(table, measured, cells, methods, out / "curves.png"))
+        for axis in table.figures:
+            written.append(write_curves(table, measured, cells, methods, out / FIGURE_FILES[axis], axis))
     return written
 
 
@@ -183,13 +189,15 @@ def markdown(
     rows: list[dict[str, Any]],
     orderings: list[dict[str, Any]],
     rounds: list[dict[str, Any]] = (),
+    command: str = "",
 ) -> str:
     keys = [SHORT[table.metric]] + [SHORT[m] for m in METRICS if m != table.metric]
-    lines = [
-        f"# {table.title}",
-        "",
+    lines = [f"# {table.title}", ""]
+    if command:
+        lines += ["```bash", command, "```", ""]
+    lines += [
         f"Table `{table.name}` at {scale} scale ({table.source}). Accuracy in percent: mean +- std over the "
-        f"finished seeds (sample std); the paper's figure is at its own scale. Per seed: {keys[0]}.",
+        f"finished seeds (sample std, n = seeds); the paper's figure is at its own scale. Per seed: {keys[0]}.",
         "",
         f"| cell | method | paper | {' | '.join(keys)} | per seed | seeds | wall (min) | MB moved |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -201,6 +209,15 @@ def markdown(
             f"| {shown(r['paper_mean'], r['paper_std'])} | {measured} | {r['per_seed'] or '-'} | {r['seeds']} "
             f"| {one_decimal(r['wall_min'])} | {one_decimal(r['mb_moved'])} |"
         )
+    if table.extra:
+        labels = [extra.label + (" (%)" if extra.unit == "percent" else "") for extra in table.extra.values()]
+        lines += ["", "Readings (summary.json, mean +- std over the seeds):", ""]
+        lines += [f"| cell | method | {' | '.join(labels)} |", "|---|---|" + "---|" * len(labels)]
+        for r in rows:
+            values = [shown(r[f"{k}_mean"], r[f"{k}_std"], extra.digits) for k, extra in table.extra.items()]
+            lines.append(
+                f"| {table.cells[r['cell']].label} | {table.methods[r['method']].label} | {' | '.join(values)} |"
+            )
     if orderings:
         lines += [
             "",

@@ -1,0 +1,122 @@
+"""The results layer: what turns run directories into numbers, for `raysim report` and `raysim
+reproduce` alike.
+
+One reading of a run (`read_run`: summary.json and config.yaml through `RunDir`, each refused in one
+line when it is not what raysim writes; `read_curves`: the server's curves from metrics.parquet),
+one statistic over seeds (`stat`: the mean and the sample standard deviation, ddof 1, with the
+number of values), and one reading of "rounds to a target accuracy" (`rounds_to`). The two
+commands differ only in how they lay the numbers out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.outputs.run_dir import RunDir
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation (ddof 1) of n values; std is None for fewer than two."""
+
+    mean: float | None
+    std: float | None
+    n: int
+
+    def shown(self, digits: int = 4, scale: float = 1.0) -> str:
+        """'m +- s' (one value: 'm'; none: '-'), each multiplied by `scale` (100: percent)."""
+        if self.mean is None:
+            return "-"
+        if self.std is None:
+            return f"{self.mean * scale:.{digits}f}"
+        return f"{self.mean * scale:.{digits}f} +- {self.std * scale:.{digits}f}"
+
+
+def stat(values: list[float | None]) -> Stat:
+    """The seeds' values folded into a Stat (None and NaN values left out)."""
+    kept = [float(v) for v in values if v is not None and not math.isnan(float(v))]
+    if not kept:
+        return Stat(None, None, 0)
+    std = float(np.std(kept, ddof=1)) if len(kept) > 1 else None
+    return Stat(float(np.mean(kept)), std, len(kept))
+
+
+@dataclass
+class RunRecord:
+    """A run as read from its directory: summary.json and config.yaml (curves on demand)."""
+
+    path: Path
+    summary: dict[str, Any]
+    config: dict[str, Any]
+    _curves: dict[str, tuple[np.ndarray, np.ndarray]] | None = field(default=None, repr=False)
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed")
+
+    def value(self, key: str) -> float | None:
+        """A number of summary.json by its (dotted) key, e.g. `best_accuracy`,
+        `peak_memory_mb.clients`; None where the run has none (or holds no number there)."""
+        value: Any = self.summary
+        for part in key.split("."):
+            if not isinstance(value, dict):
+                return None
+            value = value.get(part)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        return float(value)
+
+    def curves(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        if self._curves is None:
+            self._curves = read_curves(self.path)
+        return self._curves
+
+
+def read_run(path: str | Path) -> RunRecord:
+    summary, config = RunDir(path).read_summary_and_config()
+    return RunRecord(Path(path), summary, config)
+
+
+def read_curves(run_dir: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """A run's server curves from metrics.parquet: {"accuracy" | "loss": (evaluated rounds, values),
+    "mb_moved": (rounds, cumulative bytes up + down in MB)}."""
+    rows = [r for r in RunDir(run_dir).read_metrics_rows(["round", "client", "metric", "value"]) if r["client"] is None]
+
+    def series(*metrics: str) -> tuple[np.ndarray, np.ndarray]:
+        by_round: dict[int, float] = {}
+        for r in rows:
+            if r["metric"] in metrics:
+                by_round[r["round"]] = by_round.get(r["round"], 0.0) + r["value"]
+        rounds = np.array(sorted(by_round), dtype=np.int64)
+        return rounds, np.array([by_round[r] for r in rounds], dtype=float)
+
+    rounds, moved = series("bytes_up", "bytes_down")
+    return {"accuracy": series("accuracy"), "loss": series("loss"), "mb_moved": (rounds, np.cumsum(moved) / 1e6)}
+
+
+def mb_moved(summary: dict[str, Any]) -> float | None:
+    """Megabytes up and down over the whole run."""
+    up, down = summary.get("bytes_up"), summary.get("bytes_down")
+    if up is None and down is None:
+        return None
+    return ((up or 0) + (down or 0)) / 1e6
+
+
+def rounds_to(summaries: list[dict[str, Any]], target: str) -> str:
+    """A `rounds@target` cell: the mean (+- std) over seeds of the first round reaching `target`.
+    When a seed never reached it there is no mean: `>R` says it took more than the R rounds it ran
+    (the fewest such R), with how many seeds did reach it when some did (`>50 (2/3)`).
+    `-`: no run here asked for this target (eval.targets)."""
+    asked = [s for s in summaries if target in (s.get("rounds_to_accuracy") or {})]
+    reached = [s["rounds_to_accuracy"][target] for s in asked if s["rounds_to_accuracy"][target] is not None]
+    if not asked:
+        return "-"
+    if len(reached) < len(asked):
+        never = min(s["rounds"] for s in asked if s["rounds_to_accuracy"][target] is None)
+        return f">{never}" + (f" ({len(reached)}/{len(asked)})" if reached else "")
+    return stat(reached).shown(digits=1) if len(reached) > 1 else str(reached[0])
