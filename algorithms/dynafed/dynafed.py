@@ -284,7 +284,7 @@ class DynaFed(FedAvg):
             "real_distance": distance(real_x, real_labels),
             "noise_distance": distance(noise_x, noise_labels),
             "syn_only_accuracy": float(np.mean(accuracies)),
-            "syn_only_accuracy_std": float(np.std(accuracies)),
+            "syn_only_accuracy_std": float(np.std(accuracies, ddof=1)) if len(accuracies) > 1 else 0.0,
         }
 
     def train_on_synthetic_alone(self, x, y, step, repeat, ctx) -> float:
