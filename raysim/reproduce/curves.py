@@ -6,11 +6,13 @@ paper leads with this picture)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png"}
 X_LABELS = {"rounds": "round", "mb": "MB moved (up + down, cumulative)"}
@@ -46,11 +48,13 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
                 ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
         ax.set_title(table.cells[cell].label, fontsize=10)
         ax.set_xlabel(X_LABELS[axis])
+        if axis == "rounds":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
         if ax.get_lines():
             ax.legend(fontsize=8)
-    fig.suptitle(table.title, fontsize=11)
+    fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
