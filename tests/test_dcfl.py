@@ -16,6 +16,9 @@ from raysim.algorithms.condensed.dcfl import (
     complementary_group,
     exploit_probabilities,
     random_group,
+    sampled_group,
+    sampling_probabilities,
+    sets_sent_coverage,
 )
 from raysim.algorithms.condensed.similarity import cka_matrix
 from raysim.config.load import load_config
@@ -383,3 +386,117 @@ def test_the_shipped_fine_tune_moves_the_model_measurably():
     change, before, after = _finetune_client(shipped.finetune_epochs, shipped.finetune_lr)
     assert change > 0.5, change
     assert after > before + 0.15, (before, after)
+
+
+# ------------------------------------------------------------------ issue 58: coverage of the groups
+
+
+def _planted_hub_cka(num: int = 20) -> np.ndarray:
+    """A CKA matrix whose lowest-CKA pair of partners is {0, 1} for every other client: clients 0 and
+    1 have CKA 0.5 / 0.55 to everyone, client 2 has 0.8, the rest 0.9 plus a little noise in [0, 0.05)."""
+    rng = np.random.default_rng(0)
+    m = 0.9 + rng.uniform(0, 0.05, size=(num, num))
+    m = (m + m.T) / 2
+    for hub, value in ((2, 0.8), (1, 0.55), (0, 0.5)):
+        m[hub, :] = m[:, hub] = value
+    np.fill_diagonal(m, 1.0)
+    return m
+
+
+def _dcfl(**overrides):
+    from raysim.registry import make_algorithm
+
+    return make_algorithm(load_config(ROOT / "configs" / "quickstart.yaml", tiny_overrides(**{**DCFL, **overrides})))
+
+
+def _deliveries(grouping: str, rounds: int = 30) -> np.ndarray:
+    """DCFL's delivery counts after `rounds` rounds of 5 returning clients of 20 (all seen; groups of 2)
+    on the planted hub matrix, through DCFL's own `count_deliveries`."""
+    dcfl = _dcfl(
+        **{"clients.num": 20, "clients.per_round": 5, "algorithm.group_size": 2, "algorithm.grouping": grouping}
+    )
+    state = {"seen": list(range(20)), "cka": _planted_hub_cka(), "sent": np.zeros(20, dtype=np.int64)}
+    rng = np.random.default_rng(1)
+    for round_index in range(2, 2 + rounds):
+        participants = sorted(int(k) for k in rng.choice(20, size=5, replace=False))
+        state["sent"] = dcfl.count_deliveries(state, round_index, participants)
+    return state["sent"]
+
+
+def test_sets_sent_coverage_counts_the_clients_reached_and_the_gini_of_the_delivery_counts():
+    seen = list(range(20))
+    hubs = np.zeros(25, dtype=np.int64)
+    hubs[[0, 1]] = 7  # two hubs among 20 seen clients make every delivery (clients 20-24 unseen)
+    assert sets_sent_coverage(hubs, seen) == {
+        "sets_sent_clients": 2,
+        "sets_sent_fraction": 0.1,
+        "sets_sent_gini": pytest.approx(0.9),  # 1 - h/n
+    }
+    even = np.zeros(25, dtype=np.int64)
+    even[:20] = 3
+    assert sets_sent_coverage(even, seen)["sets_sent_gini"] == pytest.approx(0.0)
+    assert sets_sent_coverage(np.zeros(25), seen) == {"sets_sent_clients": 0, "sets_sent_fraction": 0.0}
+
+
+def test_the_coverage_diagnostic_finds_the_hub_of_cka_grouping_and_cka_sampled_reaches_every_client():
+    """On a planted M where clients 0 and 1 are everyone's lowest-CKA partners, today's grouping sends
+    only the sets of 0, 1 and 2 (2 is the hubs' own next partner), concentrated on the hubs, in every
+    round; cka_sampled, redrawn each round, sends every client's set, less concentrated, and still
+    sends the hubs' sets most often."""
+    fixed = _deliveries("cka")
+    assert set(np.flatnonzero(fixed)) == {0, 1, 2}
+    coverage = sets_sent_coverage(fixed, list(range(20)))
+    assert coverage["sets_sent_clients"] == 3 and coverage["sets_sent_fraction"] == pytest.approx(0.15)
+    assert coverage["sets_sent_gini"] > 0.85
+    sampled = _deliveries("cka_sampled")
+    spread = sets_sent_coverage(sampled, list(range(20)))
+    assert spread["sets_sent_clients"] == 20 and spread["sets_sent_fraction"] == 1.0
+    assert spread["sets_sent_gini"] < 0.5
+    assert set(np.argsort(-sampled, kind="stable")[:2]) == {0, 1}  # dissimilar clients still preferred
+    assert sets_sent_coverage(_deliveries("random"), list(range(20)))["sets_sent_clients"] == 20
+
+
+def test_cka_sampled_groups_are_reproducible_and_prefer_the_lowest_cka_clients():
+    m = _planted_hub_cka()
+    seen = list(range(20))
+    group = sampled_group(m, seen, 7, 4, 0.5, "low", 0, 3)
+    assert len(group) == 4 and 7 not in group and group == sorted(group)
+    assert group == sampled_group(m, seen, 7, 4, 0.5, "low", 0, 3)  # same seed, round, client: same group
+    assert {tuple(sampled_group(m, seen, 7, 4, 0.5, "low", 0, r)) for r in range(10)} != {tuple(group)}
+    assert (
+        sampled_group(m, [3, 7], 7, 4, 0.5, "low", 0, 3) == [3] and sampled_group(m, [7], 7, 4, 0.5, "low", 0, 3) == []
+    )
+    counts = np.zeros(20)
+    for r in range(2000):
+        counts[sampled_group(m, seen, 7, 2, 0.5, "low", 0, r)] += 1
+    assert counts.argmax() == 0 and counts[1] > counts[2] > counts[[k for k in range(3, 20) if k != 7]].max()
+    assert (counts[[k for k in range(20) if k != 7]] > 0).all()
+    # the temperature spans the two other rules: near 0 today's lowest-CKA group, large nearly uniform
+    assert sampled_group(m, seen, 7, 2, 1e-3, "low", 0, 5) == complementary_group(m, seen, 7, 2, "low")
+    assert sampled_group(m, seen, 7, 2, 1e-3, "high", 0, 5) == complementary_group(m, seen, 7, 2, "high")
+    row = np.array([0.5, 0.7, 0.9, 0.6])
+    p = sampling_probabilities(row, 0.5, "low")
+    assert p.argmax() == 0 and p.max() / p.min() == pytest.approx(np.exp(2)) and p.sum() == pytest.approx(1)
+    assert np.allclose(sampling_probabilities(row, 0.5, "high"), sampling_probabilities(1.4 - row, 0.5, "low"))
+    assert np.allclose(sampling_probabilities(row, 1e6, "low"), 0.25)
+    assert np.allclose(sampling_probabilities(np.full(3, 0.9), 0.5, "low"), 1 / 3)
+    with pytest.raises(RaysimError, match="algorithm.group_temperature must be > 0"):
+        _dcfl(**{"algorithm.grouping": "cka_sampled", "algorithm.group_temperature": 0})
+
+
+def test_a_cka_sampled_run_logs_the_coverage_per_round_and_in_summary_json(dcfl_run, tmp_path):
+    """End to end on the tiny settings: the coverage keys are in metrics.parquet every round and in
+    summary.json, and match the delivery counts in the final checkpoint (default run and cka_sampled)."""
+    from raysim.outputs.run_dir import RunDir
+
+    sampled = run(tmp_path, "sampled", **{"algorithm.grouping": "cka_sampled"})
+    for summary, run_dir in (dcfl_run, sampled):
+        state = RunDir(run_dir).read_checkpoint()["state"]
+        expected = sets_sent_coverage(state["sent"], state["seen"])
+        assert set(expected) == {"sets_sent_clients", "sets_sent_fraction", "sets_sent_gini"}
+        assert {k: summary[k] for k in expected} == pytest.approx(expected)
+        assert summary["sets_sent_clients"] >= 1 and int(state["sent"].sum()) > 0
+        values = {(r["round"], r["metric"]): r["value"] for r in rows(run_dir) if r["client"] is None}
+        reached = [values[(r, "sets_sent_clients")] for r in range(1, summary["rounds"] + 1)]
+        assert reached[0] == 0 and reached == sorted(reached)  # round 1 pre-trains: nothing sent yet
+        assert values[(summary["rounds"], "sets_sent_fraction")] == pytest.approx(summary["sets_sent_fraction"])

@@ -228,6 +228,19 @@ def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
     assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
 
 
+def test_a_cell_without_paper_figures_checks_every_ordering_the_table_names(tmp_path):
+    text = GOOD.replace(", paper: {one: 50, two: [60, 1]}", "").replace(
+        "title: t", "title: t\norderings: ['one > two']"
+    )
+    table = load_table(write_table(tmp_path, text))
+    runs = plan_runs(table, "cpu", [0, 1], ["a"], ["one", "two"], tmp_path / "out", None)
+    for run in runs:
+        fake_run(run, {"one": 0.7, "two": 0.6}[run.method])
+    (ordering,) = ordering_rows(table, collect(runs), ["a"])
+    assert (ordering["ordering"], ordering["holds"], ordering["holds_in_paper"]) == ("one > two", 2, None)
+    assert "| a | one > two |  | - | 2 of 2 seeds |" in markdown(table, "cpu", [], [ordering])
+
+
 def test_a_tables_extra_readings_are_shown_per_cell_and_method(tmp_path):
     text = GOOD.replace(
         "title: t", "title: t\nextra: {teacher: {label: teacher, unit: percent, digits: 1}, bytes_up: {unit: MB}}"

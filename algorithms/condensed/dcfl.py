@@ -46,7 +46,27 @@ Server (Algorithm 1):
   global model (the paper filters "based on their performance" without a rule; dropping the least
   consistent images is the reading that matches its stated aim of a more stable training).
   `grouping: random` gives a returning client `group_size` seen clients drawn at random instead
-  (seeded by round and client): the control for what CKA grouping adds.
+  (seeded by round and client): the control for what CKA grouping adds. The lowest-CKA rule
+  (`grouping: cka`) can send the same few "hub" clients' sets to nearly everyone and never send the
+  others (under `cka_on: initial` M, and so every group, is fixed once the clients are seen), while
+  the random control, redrawn each round, eventually sends every set: comparing the two may measure
+  coverage rather than complementarity. `grouping: cka_sampled` keeps the preference for dissimilar
+  clients but reaches every client: each round a returning client's group is drawn without
+  replacement from the other seen clients (seeded by round and client, like `random`) with
+  probability proportional to exp(-(c - c_min) / (`group_temperature` (c_max - c_min))), c its CKA
+  to the candidate and c_min, c_max the lowest and highest over the candidates (`complement: high`
+  mirrors it). Scaling by the client's own CKA range makes the temperature independent of where and how
+  widely M's values spread (CKA of classifiers sits in a narrow band below 1): the most dissimilar candidate is exp(1 /
+  group_temperature) times as likely as the most similar one (0.5: about 7.4 times), every
+  candidate has a positive chance, and the rule moves from `cka` (temperature -> 0) to `random`
+  (temperature -> infinity).
+  Diagnostics of coverage, from the per-client count of deliveries (how many times each client's
+  condensed set went to a returning client; server state): `sets_sent_clients`, how many clients'
+  sets were sent at least once so far; `sets_sent_fraction`, that over the clients seen so far;
+  `sets_sent_gini`, the Gini coefficient of the delivery counts over the seen clients (0: every
+  seen client's set sent equally often; 1 - h/n when the sets of h of the n seen clients make all
+  deliveries, equally: 0.9 for two hubs among 20; logged once something was sent). Per round in
+  metrics.parquet, the final values in summary.json.
 - *Aggregation*: the base's, with each client's new data size (own + received images) as n_k; for
   FedDisco the label counts include the received labels, for FedNova the steps include fine-tuning.
 
@@ -85,6 +105,7 @@ from raysim.training import make_optimizer, train
 BASES = ("fedavg", "fedprox", "fednova", "feddisco")
 BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
 CKA_SOURCES = ("initial", "update", "latest")
+GROUPINGS = ("cka", "random", "cka_sampled")
 CLASSIFIER = "classifier.weight"
 
 
@@ -102,7 +123,8 @@ class DCFLParams(CondensationParams):
     pretrain_fraction: float = 0.25  # C_pre
     selection: str = "cka"  # cka (eq. 4) | random (Table IV)
     cka_on: str = "initial"  # what M compares: initial | update | latest (module docstring)
-    grouping: str = "cka"  # who a returning client gets data from: cka | random (the control)
+    grouping: str = "cka"  # who a returning client gets data from: cka | random (the control) | cka_sampled
+    group_temperature: float = 0.5  # cka_sampled: the most dissimilar is exp(1 / T) times as likely as the most similar
     epsilon: float = 0.5  # fraction of a round's clients chosen by exploitation
     complement: str = "low"  # which CKA neighbours make a client's group: low | high
     group_size: int = 0  # 0: participants per round - 1
@@ -120,7 +142,7 @@ class DCFLParams(CondensationParams):
             "base": BASES,
             "selection": ("cka", "random"),
             "cka_on": CKA_SOURCES,
-            "grouping": ("cka", "random"),
+            "grouping": GROUPINGS,
             "complement": ("low", "high"),
             "use_condensed": ("none", "mix", "finetune"),
         }
@@ -142,6 +164,8 @@ class DCFLParams(CondensationParams):
         for key in ("pretrain_rounds", "group_size", "finetune_epochs"):
             if getattr(self, key) < 0:
                 raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
+        if not self.group_temperature > 0:
+            raise RaysimError(f"algorithm.group_temperature must be > 0, got {self.group_temperature}")
         if self.finetune_batch < 1:
             raise RaysimError(f"algorithm.finetune_batch must be >= 1, got {self.finetune_batch}")
 
@@ -178,6 +202,60 @@ def random_group(seed: int, round_index: int, seen: list[int], client: int, size
         len(others), size=min(size, len(others)), replace=False
     )
     return sorted(others[i] for i in picked)
+
+
+def sampling_logits(cka_row: np.ndarray, temperature: float, complement: str) -> np.ndarray:
+    """`grouping: cka_sampled`: each candidate's log-weight (entries of `cka_row`: one client's CKA to
+    them), -(c - c_min) / (temperature (c_max - c_min)) (complement=low; high mirrors it); all 0
+    when the candidates' CKAs are equal."""
+    c = np.nan_to_num(np.asarray(cka_row, dtype=np.float64), nan=0.0)
+    distance = c - c.min() if complement == "low" else c.max() - c
+    span = float(c.max() - c.min())
+    return -distance / (temperature * span) if span > 0 else np.zeros(len(c))
+
+
+def sampling_probabilities(cka_row: np.ndarray, temperature: float, complement: str) -> np.ndarray:
+    """The probability of each candidate being drawn first under `cka_sampled` (softmax of the logits)."""
+    logits = sampling_logits(cka_row, temperature, complement)
+    weights = np.exp(logits - logits.max())
+    return weights / weights.sum()
+
+
+def sampled_group(
+    cka: np.ndarray,
+    seen: list[int],
+    client: int,
+    size: int,
+    temperature: float,
+    complement: str,
+    seed: int,
+    round_index: int,
+) -> list[int]:
+    """`grouping: cka_sampled`: `size` seen clients (not `client`) drawn one after another without
+    replacement, each with probability proportional to exp(logit) among those left (Gumbel top-k:
+    the `size` largest logit + Gumbel noise, exact in log space at any temperature), seeded by
+    (round, client)."""
+    others = [k for k in seen if k != client]
+    if not others:
+        return []
+    logits = sampling_logits(cka[client, others], temperature, complement)
+    noise = numpy_rng(seed, SERVER, "grouping", round_index, client).gumbel(size=len(others))
+    picked = np.argsort(-(logits + noise), kind="stable")[:size]
+    return sorted(others[i] for i in picked)
+
+
+def sets_sent_coverage(sent: np.ndarray, seen: list[int]) -> dict[str, int | float]:
+    """Coverage of the groups from the per-client delivery counts `sent` (module docstring):
+    `sets_sent_clients`, `sets_sent_fraction` over the seen clients and, once anything was sent,
+    `sets_sent_gini` over the seen clients' counts."""
+    counts = np.asarray(sent, dtype=np.float64)
+    reached = int((counts > 0).sum())
+    out: dict[str, int | float] = {"sets_sent_clients": reached, "sets_sent_fraction": reached / max(len(seen), 1)}
+    mine = counts[list(seen)] if seen else counts[:0]
+    if mine.sum() > 0:
+        n = len(mine)
+        out["sets_sent_gini"] = float(np.abs(mine[:, None] - mine[None, :]).sum() / (2 * n * mine.sum()))
+    return out
 
 
 def cka_representation(classifier: np.ndarray, start: np.ndarray, cka_on: str) -> np.ndarray:
@@ -255,6 +333,7 @@ class DCFL(Algorithm):
             "pool": {},
             "cka": np.full((k, k), np.nan),
             "pool_loss": {},
+            "sent": np.zeros(k, dtype=np.int64),  # per client: how often its condensed set was delivered
         }
 
     def pretraining(self, round_index: int) -> bool:
@@ -308,9 +387,33 @@ class DCFL(Algorithm):
 
     def group(self, state, round_index: int, client: int) -> list[int]:
         """The seen clients whose condensed sets a returning client receives."""
-        if self.params.grouping == "random":
+        p = self.params
+        if p.grouping == "random":
             return random_group(self.config.seed, round_index, state["seen"], client, self.group_size())
+        if p.grouping == "cka_sampled":
+            return sampled_group(
+                state["cka"],
+                state["seen"],
+                client,
+                self.group_size(),
+                p.group_temperature,
+                p.complement,
+                self.config.seed,
+                round_index,
+            )
         return complementary_group(state["cka"], state["seen"], client, self.group_size(), self.params.complement)
+
+    def count_deliveries(self, state, round_index: int, participants: list[int]) -> np.ndarray:
+        """The per-client delivery counts after this round's broadcast (the same groups as
+        `broadcast`: it and this read the state the round started from)."""
+        sent = np.array(state.get("sent", np.zeros(self.config.clients.num, dtype=np.int64)), dtype=np.int64)
+        if self.params.use_condensed == "none":
+            return sent
+        for k in participants:
+            if k in state["seen"]:
+                for j in self.group(state, round_index, k):
+                    sent[j] += 1
+        return sent
 
     def group_data(self, state, group: list[int]) -> dict[str, np.ndarray]:
         """The group's condensed images and labels, less the filtered fraction (filter_ratio)."""
@@ -331,6 +434,7 @@ class DCFL(Algorithm):
             "pool": dict(state["pool"]),
             "classifiers": dict(state["classifiers"]),
             "cka": state["cka"].copy(),
+            "sent": self.count_deliveries(state, round_index, [r.client for r in replies]),
         }
         for r in replies:
             if "images" in r.message:
@@ -364,9 +468,12 @@ class DCFL(Algorithm):
             state["cka"][client, other] = state["cka"][other, client] = value
 
     def log_diagnostics(self, state, ctx) -> None:
-        """M's off-diagonal mean, `cka_label_spearman` and `selection_spread` (module docstring)."""
+        """M's off-diagonal mean, `cka_label_spearman`, `selection_spread` and the coverage of the
+        groups (`sets_sent_*`; module docstring)."""
         seen = state["seen"]
         ctx.log.scalar("clients_seen", len(seen))
+        for name, value in sets_sent_coverage(state["sent"], seen).items():
+            ctx.log.scalar(name, value)
         if len(seen) < 2:
             return
         block = state["cka"][np.ix_(seen, seen)]
@@ -486,7 +593,8 @@ class DCFL(Algorithm):
         return torch.cat(xs), torch.cat(ys)
 
     def summary_extras(self, state):
-        return {"clients_seen": len(state["seen"])}
+        sent = state.get("sent", np.zeros(self.config.clients.num, dtype=np.int64))
+        return {"clients_seen": len(state["seen"]), **sets_sent_coverage(sent, state["seen"])}
 
 
 def pool_arrays(pool: dict[int, dict[str, np.ndarray]], clients: list[int]) -> tuple[np.ndarray, np.ndarray]:

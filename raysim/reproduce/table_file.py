@@ -183,9 +183,12 @@ class Table:
         need(bool(self.figures) and len(set(self.figures)) == len(self.figures), "figures: each axis at most once")
 
     def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
-        """The orderings checked in `cell`: the table's, where the paper gives both figures; without
-        any, the paper's best method of the cell against each other one with a figure."""
+        """The orderings checked in `cell`: the table's, where the paper gives both figures (in a
+        cell with no paper figures at all, a question of raysim's own such as an ablation, every
+        one); without any, the paper's best method of the cell against each other one with a figure."""
         if self.orderings:
+            if not cell.paper:
+                return list(self.orderings)
             return [(a, b) for a, b in self.orderings if a in cell.paper and b in cell.paper]
         if len(cell.paper) < 2:
             return []

@@ -82,8 +82,8 @@ def ordering_rows(
                 {
                     "cell": cell_name,
                     "ordering": f"{a} > {b}",
-                    "paper": f"{cell.paper[a][0]:g} vs {cell.paper[b][0]:g}",
-                    "holds_in_paper": cell.paper[a][0] > cell.paper[b][0],
+                    "paper": f"{cell.paper[a][0]:g} vs {cell.paper[b][0]:g}" if a in cell.paper else "",
+                    "holds_in_paper": cell.paper[a][0] > cell.paper[b][0] if a in cell.paper else None,
                     "holds": sum(one[s] > two[s] for s in both),
                     "seeds": len(both),
                 }
@@ -229,7 +229,7 @@ def markdown(
         for o in orderings:
             lines.append(
                 f"| {table.cells[o['cell']].label} | {o['ordering']} | {o['paper']} "
-                f"| {'yes' if o['holds_in_paper'] else 'no'} | {o['holds']} of {o['seeds']} seeds |"
+                f"| {_yes_no(o['holds_in_paper'])} | {o['holds']} of {o['seeds']} seeds |"
             )
     if rounds:
         lines += [
@@ -269,6 +269,10 @@ def as_csv(
     for r in rounds:
         writer.writerow({"table": table.name, "scale": scale, "kind": "rounds", **r})
     return buffer.getvalue()
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
 
 
 def _rounded(row: dict[str, Any]) -> dict[str, Any]:
