@@ -33,6 +33,7 @@ from raysim.config.load import load_config
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing
+from raysim.tensors import module_weights
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -464,6 +465,82 @@ def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
             tiny_overrides(**ONE_SHOT)
             + ["algorithm.name=ot_fusion", "algorithm.alignment=weights", "algorithm.anchor=7"],
         )
+
+
+def test_independent_client_inits_are_each_clients_own_and_keyed_apart_in_the_cache(monkeypatch):
+    """`client_init: independent` (the OT paper's setting): each client starts from weights of its
+    own, a function of (seed, client id) only, so the same in any run and whichever actor (and after
+    whichever other clients) builds them, for any architecture; its client stage is keyed apart from
+    the shared one, whose key is the one it had before client_init existed."""
+    from raysim.algorithms.oneshot import client_cache
+    from raysim.registry import make_algorithm
+    from raysim.runner import prepare
+
+    def setting(*extra):
+        config = load_config(
+            ROOT / "configs" / "quickstart.yaml",
+            tiny_overrides(**ONE_SHOT) + ["algorithm.name=ot_fusion", "algorithm.alignment=weights", *extra],
+        )
+        return config, prepare(config)
+
+    def inits(config, spec, order):
+        algorithm = make_algorithm(config)  # a fresh instance, as on another actor
+        return {k: algorithm.initial_weights(k, spec.client_architecture(k), spec) for k in order}
+
+    def same(a, b):
+        return all(np.array_equal(a[name], b[name]) for name in a)
+
+    shared, experiment = setting()
+    independent, _ = setting("algorithm.client_init=independent")
+    spec = experiment.spec
+    assert shared.algorithm.client_init == "shared"
+    first = inits(shared, spec, range(5))
+    assert all(same(first[k], module_weights(spec.initial_model())) for k in range(5))
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    own = inits(independent, spec, range(5))
+    assert torch.equal(torch.rand(3), before)  # the caller's random stream is untouched
+    assert not any(same(own[j], own[k]) for j in range(5) for k in range(j))
+    assert not any(same(own[k], first[k]) for k in range(5))
+    again = inits(independent, spec, [4, 2, 0, 3, 1])  # another order, another instance: the same
+    assert all(same(own[k], again[k]) for k in range(5))
+    # heterogeneous clients (clients.models): 0 and 3 have cnn2, 1 and 4 lenet
+    hetero = ["clients.models=[cnn2, lenet, mlp]", "model.name=lenet", "algorithm.name=dense"]
+    for extra, equal in (([], True), (["algorithm.client_init=independent"], False)):
+        config = load_config(ROOT / "configs" / "quickstart.yaml", tiny_overrides(**ONE_SHOT) + hetero + extra)
+        h = inits(config, prepare(config).spec, range(5))
+        assert same(h[0], h[3]) is equal and same(h[1], h[4]) is equal
+        assert set(h[0]) != set(h[1])  # each client its own architecture's tensors
+
+    # the cache key: independent is keyed apart (an entry's shapes cannot tell the two apart)
+    def key(config):
+        return client_cache.client_stage_key(config, experiment.data_digest, experiment.mean, experiment.std)
+
+    shared_key = key(shared)
+    assert shared_key != key(independent)
+    monkeypatch.setattr(client_cache, "CLIENT_STAGE_PARAMS", {})  # the key before client_init existed:
+    assert key(shared) == shared_key  # shared keeps it, so the entries written before are still found
+    with pytest.raises(RaysimError, match="'algorithm.client_init' must be one of shared, independent, got 'own'"):
+        setting("algorithm.client_init=own")
+
+
+@pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
+def test_weight_based_ot_permutes_neurons_of_independently_initialised_clients(tmp_path, monkeypatch):
+    """With one shared initialisation weight-based OT keeps every neuron (FedAvg one-shot, the six
+    methods' test); with `client_init: independent` it permutes them, and so differs from FedAvg
+    one-shot on the same (cached) clients."""
+    monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
+    fast = {"rounds": 1, "local.epochs": 1, "algorithm.client_init": "independent"}
+    summary, _ = run(tmp_path, "ot", **{"algorithm.name": "ot_fusion", "algorithm.alignment": "weights", **fast})
+    assert not summary["client_stage_cached"]
+    identity = summary["ot_identity_layers"]
+    assert set(identity) == {str(k) for k in range(5)} and identity[str(summary["ot_anchor"])] == 2  # cnn2: 2
+    assert any(v < 2 for k, v in identity.items() if k != str(summary["ot_anchor"])), identity
+    assert len(list((tmp_path / "cache").glob("client_stage/*.pt"))) == 1
+    fedavg, _ = run(tmp_path, "fedavg", **{"algorithm.name": "fedavg_oneshot", **fast})
+    assert fedavg["client_stage_cached"] and fedavg["client_accuracy"] == summary["client_accuracy"]
+    assert fedavg["final_accuracy"] != summary["final_accuracy"]
 
 
 @pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)

@@ -305,6 +305,10 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
     stored["dataset"]["root"], stored["resources"]["actors"] = "/elsewhere", 7
     run.run_dir.config_file.write_text(yaml.safe_dump(stored))
     assert run_state(run) == "finished"
+    # a run made before a parameter existed is the same config where today's default is what it ran
+    del stored["local"]["momentum"], stored["eval"]["every"]
+    run.run_dir.config_file.write_text(yaml.safe_dump(stored))
+    assert run_state(run) == "finished"
     # a run of fewer rounds than the table's is extended (resumed), not refused nor counted as finished
     stored["rounds"] = run.config.rounds - 2
     run.run_dir.config_file.write_text(yaml.safe_dump(stored))
@@ -315,6 +319,10 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
     with pytest.raises(
         RaysimError, match=r"another config than the table's \(local.lr: 0.5 there, 0.01 here, rounds: 99"
     ):
+        run_state(run)
+    stored["local"]["lr"], stored["algorithm"]["removed_key"] = 0.01, 1
+    run.run_dir.config_file.write_text(yaml.safe_dump(stored))
+    with pytest.raises(RaysimError, match="holds a run of a config this raysim cannot read"):
         run_state(run)
     run.run_dir.summary_file.write_text("{not json")
     with pytest.raises(RaysimError, match="summary.json is not valid JSON"):

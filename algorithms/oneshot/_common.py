@@ -9,7 +9,7 @@ client stage and 200 distillation epochs). Methods without distillation (FedAvg 
 fusion) leave the server-only rounds' model unchanged.
 
 **Client stage.** Every client trains its own architecture for `local.epochs` epochs (the paper:
-200, SGD lr 0.01, batch 128) from that architecture's initial weights and uploads the model once.
+200, SGD lr 0.01, batch 128) from its first weights (`client_init`) and uploads the model once.
 In later global rounds (T > 1) a client restarts from the server's model when it has the server's
 architecture (the paper's multi-round variant, homogeneous models); a client with an architecture
 of its own continues from its previous model (kept as client state); the paper does not say.
@@ -18,6 +18,18 @@ The first client stage does not depend on the method, so it is cached on disk
 partition, models, local settings and seed; the numbers are identical with and without the cache
 (tested). A cache hit makes the client round server-only: its `bytes_up` is 0, and summary.json says
 `client_stage_cached: true`.
+
+**Initialisation** (`client_init`): `shared` (default) starts every client of an architecture from
+that architecture's initial weights (ModelSpec.initial_model; the server's for the server's
+architecture); `independent` starts each client from weights of its own, drawn from the run's seed
+and the client id alone (`OneShot.initial_weights`: the same whatever actor trains it and however
+many actors there are), for every architecture (clients.models included). `independent` is the
+setting of OT fusion's paper (Singh and Jaggi, NeurIPS 2020), whose models are trained from
+different seeds: there the neurons of two models need not correspond, so averaging their weights
+(FedAvg one-shot) is expected to fail, and aligning the neurons first is what OT fusion is for.
+With one shared initialisation the trained models' neurons still correspond (weight-based OT keeps
+every neuron where it is, tested). It sets the first client stage only (later ones restart as
+above) and is part of the cache key; it is a setting of the shared client stage, not of one method.
 
 **Reports** (the client round): each client model's own test accuracy (`own_accuracy` per client in
 metrics.parquet; `client_accuracy` and `best_client_accuracy` in summary.json) and the average-logit
@@ -40,19 +52,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm, ClientData, Context, Reply, own_default
+from raysim.algorithm import Algorithm, ClientData, Context, ModelSpec, Reply, own_default
 from raysim.algorithms.oneshot import client_cache
 from raysim.algorithms.oneshot.augment import AUGMENTATIONS
 from raysim.algorithms.oneshot.datafree import add_to_pool, distill_epoch, synthesize
 from raysim.algorithms.oneshot.ensemble import mean_logits
 from raysim.algorithms.oneshot.generator import Generator
+from raysim.config import ModelConfig
 from raysim.errors import RaysimError
-from raysim.seeding import SERVER, derive_seed, torch_generator
+from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
 from raysim.tensors import load_weights, module_weights
 from raysim.training import local_train, to_cpu
 
@@ -63,6 +76,9 @@ class OneShotParams:
 
     global_rounds: int = 1  # T (Table 5): client rounds, each followed by its distillation epochs
     cache_client_stage: bool = True  # reuse the first client stage across methods (client_cache)
+    # the clients' first weights: shared (one initialisation per architecture) or independent (each
+    # client's own, from the seed and its id: the OT fusion paper's models); a key of the client stage
+    client_init: Literal["shared", "independent"] = "shared"
     # the generator (DENSE, Co-Boosting, FedHydra; FedDF's `generator` source)
     nz: int = 256
     ngf: int = 64
@@ -279,6 +295,16 @@ class OneShot(Algorithm):
         return {**report, "client_stage_cached": bool(state.get("client_stage_cached", False))}
 
     # ------------------------------------------------------------- client
+    def initial_weights(self, client: int, arch: ModelConfig, spec: ModelSpec) -> dict[str, np.ndarray]:
+        """Client `client`'s first weights (architecture `arch`): with `client_init: shared` the
+        architecture's initial weights, every client of it the same; with `independent` its own, a
+        function of (seed, client id) only. The caller's torch random stream is left untouched."""
+        if self.params.client_init == "shared":
+            return module_weights(spec.initial_model(arch))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.config.seed, MODEL_INIT, "client", client))
+            return module_weights(spec.build("cpu", arch))
+
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:
         model = ctx.model()
         if "weights" in payload and client.arch == self.config.model:
@@ -286,7 +312,7 @@ class OneShot(Algorithm):
         elif "weights" in client.state:
             load_weights(model, client.state["weights"])
         else:
-            load_weights(model, module_weights(ctx.spec.initial_model(client.arch)))
+            load_weights(model, self.initial_weights(client.id, client.arch, ctx.spec))
         steps, loss = local_train(
             model, client.x, client.y, self.config.local, client.generator, client_state=client.state
         )

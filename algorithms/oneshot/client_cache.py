@@ -5,7 +5,11 @@ The key hashes the training data and partition (`ctx.data_digest`), the normalis
 train with (resolved: the configured or the computed mean and std), the torch version, and the whole
 resolved config except what cannot change the client stage (`NOT_CLIENT_STAGE`, `SCHEDULING`): the
 key is derived from the config, not from a hand-kept list of what matters, so a key added to the
-config later is in it (a needless miss at worst, never a wrong hit). Entries live in
+config later is in it (a needless miss at worst, never a wrong hit). Of the `algorithm` section
+(the server's) only the client stage's own parameters are in it (`CLIENT_STAGE_PARAMS`:
+`client_init`), each where it differs from what the stage did before it existed: entries written
+before then are still found, and a shared-initialisation entry never serves independent ones (an
+entry's shapes cannot tell them apart, so the key must). Entries live in
 ``$RAYSIM_CACHE_DIR/client_stage/<key>.pt`` (default ``~/.cache/raysim``), hold only tensors and
 plain containers (they load with ``weights_only=True``, so an entry cannot run code), and are
 written to a temporary file and moved into place, so a killed run never leaves half an entry.
@@ -34,6 +38,9 @@ FORMAT_VERSION = 2
 # Config sections the client stage never sees: the server's side and the outputs. The data's place
 # (dataset.root) is left out too: its content is in the data digest.
 NOT_CLIENT_STAGE = ("algorithm", "rounds", "eval", "output")
+# The algorithm parameters that decide the client stage (every one-shot method's, OneShotParams), each
+# with the value that is the behaviour before it existed: at that value it stays out of the key.
+CLIENT_STAGE_PARAMS = {"client_init": "shared"}
 # Where and on how many processes a run goes: results are equal across these (tested), so they
 # stay out; whether clients train on a GPU (CPU and CUDA kernels round differently) stays in.
 SCHEDULING = (
@@ -58,7 +65,12 @@ def cache_dir() -> Path:
 
 def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np.ndarray) -> str:
     """The entry's name: a hash of everything that decides the clients' trained models."""
-    tree = {k: v for k, v in config.to_dict().items() if k not in NOT_CLIENT_STAGE}
+    whole = config.to_dict()
+    tree = {k: v for k, v in whole.items() if k not in NOT_CLIENT_STAGE}
+    algorithm = whole["algorithm"]
+    stage = {k: algorithm[k] for k, before in CLIENT_STAGE_PARAMS.items() if algorithm.get(k, before) != before}
+    if stage:
+        tree["algorithm"] = stage
     tree["dataset"] = {k: v for k, v in tree["dataset"].items() if k != "root"}
     resources = tree.pop("resources")
     tree["resources"] = {k: v for k, v in resources.items() if k not in SCHEDULING}

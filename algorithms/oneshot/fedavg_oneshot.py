@@ -1,7 +1,8 @@
 """FedAvg one-shot: the size-weighted average of the clients' converged models (one architecture).
 
 The client stage is the one-shot family's (algorithms/oneshot/_common.py): every client trains its model
-from the common initial weights for local.epochs and uploads it once; the server averages them
+from the common initial weights (or, with client_init: independent, weights of its own) for
+local.epochs and uploads it once; the server averages them
 (McMahan et al., 2017, in one round). Distillation rounds leave the average as it is; with
 global_rounds T > 1 clients restart from the average each round (FedHydra's Table 5).
 """

@@ -9,10 +9,15 @@ of the aligned models. `alignment` chooses what the transport compares:
   type acts --act-num-samples 200 --prelu-acts --exact`). Their images come from the training set;
   a one-shot server holds none, so here they are another dataset's training images
   (`activation_dataset`, `activation_root`: as FedDF's transfer set, algorithms/oneshot/transfer.py).
-- `weights`: the neurons' incoming weights (their `wts`, data-free). Every client starts from the
-  same initial weights (their code's default for data-separated models too), and after local
-  training the cheapest assignment is then the identity, so this variant is FedAvg one-shot to
-  the digit; with activations the assignment can differ, and OT with it.
+- `weights`: the neurons' incoming weights (their `wts`, data-free). With the family's default
+  `client_init: shared` every client starts from the same initial weights (their code's default for
+  data-separated models too), and after local training the cheapest assignment is then the
+  identity, so this variant is FedAvg one-shot to the digit; with activations the assignment can
+  differ, and OT with it.
+`client_init: independent` (algorithms/oneshot/_common.py) starts each client from weights of its
+own, as the paper's models are trained from different seeds (their code's `torch.manual_seed(i)`
+per model; `--diff-init` for data-separated ones): averaging without alignment (FedAvg one-shot) is
+then expected to fail, and alignment does the work: weight-based OT then permutes neurons (tested).
 The anchor is a parameter: by default the client with the most data (the paper leaves it open; any
 client is a valid choice). It needs one architecture made of plain conv/linear chains (cnn2, cnn3,
 lenet, mlp, convnet) and refuses others with one line. Distillation rounds leave the fused model

@@ -110,8 +110,19 @@ def run_state(run: PlannedRun) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
+    from raysim.config.load import config_from_dict
     from raysim.report import flatten
 
+    # Both read through today's schema: a key added since the run was made (a new parameter whose
+    # default keeps the old behaviour) takes its default there, so it does not make the run another
+    # config; a stored config the schema no longer reads is another config.
+    try:
+        stored = config_from_dict(stored).to_dict()
+    except RaysimError as exc:
+        raise RaysimError(
+            f"'{run.run_dir}' holds a run of a config this raysim cannot read ({exc}): remove that folder, "
+            "or give another --out"
+        ) from None
     stored, wanted = flatten(stored), flatten(run.config.to_dict())
     differing = sorted(k for k in set(stored) | set(wanted) if k not in NEUTRAL_KEYS and stored.get(k) != wanted.get(k))
     shorter = differing == ["rounds"] and isinstance(stored["rounds"], int) and stored["rounds"] < wanted["rounds"]
