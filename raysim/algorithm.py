@@ -26,6 +26,17 @@ from raysim.seeding import MODEL_INIT, derive_seed
 OWN = "own"  # dataclasses.field metadata: a shared parameter whose value is each method's own (own_default)
 
 
+BEFORE = "before"  # dataclasses.field metadata: what runs made before the parameter existed ran (added_param)
+
+
+def added_param(default: Any, before: Any) -> Any:
+    """A parameter added with a default that changes what earlier versions ran (a reading made to
+    follow a paper or its authors' code): `before` is the value that reproduces runs made before it
+    existed, so that --resume and raysim reproduce read their stored configs as what they ran
+    (raysim.config.load.as_made), not as the new default."""
+    return field(default=default, metadata={BEFORE: before})
+
+
 def own_default(value: Any) -> Any:
     """A parameter that a family's methods share by name but each sets as its authors did (the
     distillation optimiser and learning rate, say): a config that switches methods cannot carry one

@@ -181,7 +181,10 @@ def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Co
             raise RaysimError(
                 f"'{key}' cannot change on --resume (only rounds and resources.* can): start a new run instead"
             )
-    return load_config(run_dir.config_file, overrides)
+    from raysim.config.files import read_yaml
+    from raysim.config.load import as_made
+
+    return load_config(overrides=overrides, base=as_made(read_yaml(run_dir.config_file)))
 
 
 def client_placement():

@@ -143,6 +143,7 @@ LEARNS_WITH["feddf"] = {
     "algorithm.distill_source": "dataset",
     "algorithm.distill_dataset": "embedded",
     "algorithm.distill_root": "embedded",
+    "algorithm.transfer_pool": "growing",  # the 2-core configs' reading; the whole-set stream runs 10,000 steps
     "algorithm.pool_size": 1000,
 }
 # FedDM condenses a fresh set every round, so at this scale its round 1 can be its best

@@ -692,6 +692,8 @@ def test_a_method_gets_its_own_value_said_per_method_or_beside_the_switch(tmp_pa
     assert "per_method" not in feddf.to_dict()  # the resolved config holds the effect, not the section
     dense = load_config(planted, ["algorithm.name=dense", "algorithm.kd_lr=0.02"])
     assert dense.algorithm.kd_lr == 0.02
+    # a value set on the command line beats the config's per_method value of the method that runs
+    assert load_config(planted, ["algorithm.name=feddf", "algorithm.kd_lr=0.03", root]).algorithm.kd_lr == 0.03
     planted.write_text("extends: fedhydra/cifar10_alpha0.1_cpu\nper_method: {feddf: {kd_lr: 0.01, nosuch: 1}}\n")
     with pytest.raises(RaysimError, match="unknown config key 'algorithm.nosuch' for algorithm 'feddf'"):
         load_config(planted)
@@ -719,3 +721,22 @@ def test_the_resolved_config_is_frozen_and_its_algorithm_section_is_the_algorith
     assert type(config.algorithm.params) is algorithm_class("fedhydra").Params
     assert config.algorithm.kd_lr == config.algorithm.params.kd_lr  # its parameters read as attributes
     assert load_config(None, base=yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config  # dumps and reads back
+
+
+def test_a_stored_run_made_before_a_parameter_existed_is_read_as_what_it_ran(tmp_path):
+    """A parameter added with a new default (FedAF's cdc_model: resampled) reads as its declared
+    earlier value in a run directory's config that lacks it (--resume, raysim reproduce), and as the
+    default in a config a user writes."""
+    from raysim.config.load import as_made, config_from_dict
+    from raysim.runner import resume_config
+
+    config = load_config(None, ["algorithm.name=fedaf"])
+    stored = config.to_dict()
+    assert stored["algorithm"]["cdc_model"] == "resampled"
+    del stored["algorithm"]["cdc_model"]  # written before the parameter existed
+    assert config_from_dict(stored).algorithm.cdc_model == "resampled"  # a user's config: the default
+    assert config_from_dict(as_made(stored)).algorithm.cdc_model == "global"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(stored))
+    assert resume_config(run_dir).algorithm.cdc_model == "global"

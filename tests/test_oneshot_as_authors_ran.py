@@ -227,6 +227,7 @@ def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_p
         "algorithm.name": "feddf",
         "algorithm.distill_dataset": "cifar10",
         "algorithm.distill_root": str(tmp_path / "cifar10"),
+        "algorithm.transfer_pool": "growing",  # the pool this test reads (the whole-set stream: test_fidelity_items)
     }
     feddf = algorithm(**source)
     p = feddf.params

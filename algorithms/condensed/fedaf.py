@@ -18,8 +18,16 @@ Choices where the paper is silent:
     round), so round 1 condenses without CDC;
   - t_c is computed on the classes present in each server mini-batch;
   - averages over "clients" in eq. 8 and 12 run over the clients that hold class c;
-  - eq. 17 re-samples the model the DM term matches through; u_{k,c} (eq. 6) is taken as v_c is
-    (eq. 5), through the global model f_w in eval mode on un-augmented images, so u and v compare;
+  - eq. 17 re-samples w "in each step of the local data condensation", and eq. 6 is written with
+    that w, so u_{k,c} goes through the step's re-sampled model w' (`cdc_model: resampled`) as the
+    DM term sees it: the mean logit of the class in the DM term's own forward pass (batch norm in
+    training mode, the step's DSA draw). The classifier being one linear layer on the features
+    (raysim.models), that is the classifier of w' applied to the class's mean feature DM matches, so
+    it costs no second forward pass (`cdc_points: per_image` runs one, with the same draw).
+    `cdc_model: global` takes u as v is taken (eq. 5): through the received global model f_w in
+    eval mode on un-augmented images. Neither puts u through v's own model: v_c comes from the
+    previous round's global model (V is broadcast a round late, above). CDC is about 0.6% of the
+    condensation gradient at the paper's CIFAR weight (below), so the two readings differ little;
   - tau defaults to 2.0 (not stated in the paper);
   - F of eq. 10, the sliced Wasserstein distance between u_{k,c} and v_c, is not specified further.
     Between two single points, POT's SWD_2 (`swd: root_mean`) has a gradient of norm about
@@ -42,7 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from raysim.algorithm import added_param
 from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen
+from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.matching import class_mean_logits, soft_labels, symmetric_kl
 from raysim.algorithms.condensed.wasserstein import sliced_wasserstein
@@ -54,6 +64,7 @@ class FedAF(CondensedDataAlgorithm):
     extra_loss_name = "cdc"
     name = "fedaf"
     summary = "FedAF: collaborative condensation (CDC) + local-global knowledge matching (LGKM), no aggregation"
+    _step_model: torch.nn.Module | None = None  # the re-sampled model of the current condensation step
 
     @dataclass
     class Params(CondensationParams):
@@ -69,6 +80,9 @@ class FedAF(CondensedDataAlgorithm):
         # The local side of F: "mean" = u_{k,c}, the class's mean logit (eq. 6); "per_image" = the
         # distribution of the class's per-image logits, each compared with v_c.
         cdc_points: str = "mean"
+        # The model of u_{k,c} (eq. 6): "resampled" = the step's w' of eq. 17, as the DM term sees it;
+        # "global" = the received global model, in eval mode on un-augmented images (as v of eq. 5).
+        cdc_model: str = added_param("resampled", before="global")
 
         def validate(self):
             CondensationParams.validate(self)
@@ -82,6 +96,8 @@ class FedAF(CondensedDataAlgorithm):
                 raise RaysimError(f"algorithm.swd must be sum_squared or root_mean, got '{self.swd}'")
             if self.cdc_points not in ("mean", "per_image"):
                 raise RaysimError(f"algorithm.cdc_points must be mean or per_image, got '{self.cdc_points}'")
+            if self.cdc_model not in ("resampled", "global"):
+                raise RaysimError(f"algorithm.cdc_model must be resampled or global, got '{self.cdc_model}'")
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):
@@ -152,21 +168,24 @@ class FedAF(CondensedDataAlgorithm):
     def matching_model(self, payload, client, ctx, seed):
         net = frozen(ctx.model("match"))
         net.train()
-        return resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.gamma, seed)
+        self._step_model = resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.gamma, seed)
+        return self._step_model  # the CDC term of the same step reads it (cdc_model: resampled)
 
     def extra_condensation_loss(self, payload, means, syn, classes, seed, ctx):
-        """lambda_loc * sum_c F(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c.
-
-        u_{k,c} (eq. 6) is taken exactly as v_c is (eq. 5): through the received global model f_w in
-        eval mode, on the condensed images as they are (no augmentation), so the two are comparable;
-        the DM term meanwhile matches through the re-sampled model of eq. 17."""
+        """lambda_loc * sum_c F(u_{k,c}, v_c): the CDC loss (eq. 10), for classes with a global v_c;
+        u_{k,c} through the model `cdc_model` says (the module docstring)."""
         p = self.params
         known = [i for i, c in enumerate(classes) if payload["known"][c]]
         if p.lambda_loc == 0 or not known:
             return 0.0
-        model = ctx.model("global")  # holds w since before_condensation, frozen, in eval mode
-        images = syn[known]
-        logits = model(images.reshape(-1, *images.shape[2:])).reshape(len(known), images.shape[1], -1)
+        if p.cdc_model == "global":
+            model = ctx.model("global")  # holds w since before_condensation, frozen, in eval mode
+            images = syn[known]
+            logits = model(images.reshape(-1, *images.shape[2:])).reshape(len(known), images.shape[1], -1)
+        elif p.cdc_points == "per_image":
+            logits = self.step_logits(self._step_model, syn, seed)[known]
+        else:  # the DM pass's mean logit: its classifier is linear, so the classifier of the mean feature
+            logits = self._step_model.classifier(means.syn_features[known]).unsqueeze(1)
         v = torch.from_numpy(payload["logits"][[classes[i] for i in known]]).to(logits.device)
         g = torch.Generator().manual_seed(seed)
         squared, over = (True, "sum") if p.swd == "sum_squared" else (False, "mean")
@@ -177,3 +196,13 @@ class FedAF(CondensedDataAlgorithm):
                 local, v[j : j + 1], p.swd_projections, g, squared=squared, over_projections=over
             )
         return p.lambda_loc * total
+
+    def step_logits(self, net, syn, seed):
+        """(classes, ipc, C) logits of the condensed images as the step's DM term sees them: through
+        `net` with the step's DSA draw, all classes in one pass (class by class with dm_batched
+        false), as raysim.algorithms.condensed.matching.class_means runs them."""
+        augment = DSA() if self.params.dsa else None
+        if self.params.dm_batched:
+            x = syn.reshape(-1, *syn.shape[2:])
+            return net(augment(x, seed) if augment else x).reshape(syn.shape[0], syn.shape[1], -1)
+        return torch.stack([net(augment(s, seed + i) if augment else s) for i, s in enumerate(syn)])

@@ -12,10 +12,13 @@ After the one-shot client stage (algorithms/oneshot/_common.py), each distillati
 3. distillation: each pool batch is moved by one ODS step (x + eta sign(grad_x r . softmax(E(x)/4)),
    r ~ U(-1, 1)) and the server model minimises T^2 KL at T = 4.
 As the authors' code runs it (rong-dai/Co-Boosting@b95d715, `co_boosting.sh` and `datafree_kd.py`):
-hs 1, mu 0.01, wdc 0.99, T 4, adv 1, bn 0; one sign step of the weights per pool batch (so they
-can reach their clamps within an epoch); ODS step 8/255 on inputs normalised with std 0.5, which
-is 4/255 in pixels (`ods_eta` is in pixels and divided by the data's std here, so the step in
-pixels is theirs whatever the normalisation); distillation SGD lr 0.01, momentum 0.9, weight decay
+hs 1, mu 0.01, wdc 0.99, T 4, adv 1, bn 0; 128 images a synthesis and pool batches of 128
+(`--batch_size 128`, which `synthesis_batch_size` defaults to: `synthesis_batch` and `kd_batch`
+here, shared keys, which configs/fedhydra/base.yaml sets to 128 for Co-Boosting alone in its
+`per_method:` section); one sign step of the weights per pool batch (so they can reach their
+clamps within an epoch); ODS step 8/255 on inputs normalised with std 0.5, which is 4/255 in
+pixels (`ods_eta` is in pixels and divided by the data's std here, so the step in pixels is
+theirs whatever the normalisation); distillation SGD lr 0.01, momentum 0.9, weight decay
 1e-4, cosine schedule over the epochs; gradient norms clipped at 10 for the student and the
 generator; no augmentation of the generator's images during synthesis, and on the pooled images
 crop + flip for CIFAR datasets and none for the others (their transforms). Their clients also clip

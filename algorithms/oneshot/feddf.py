@@ -2,27 +2,39 @@
 
 After the one-shot client stage (algorithms/oneshot/_common.py), the server model starts from the clients'
 size-weighted average (FedDF's fusion starts from FedAvg; `student_init`) and each distillation
-epoch takes one pass over an unlabelled pool on KL(softmax(A/T) || softmax(S/T)) against the
-average of the client models' logits A (FedDF's AVGLOGITS, T = 1).
+epoch trains it on KL(softmax(A/T) || softmax(S/T)) against the average of the client models'
+logits A (FedDF's AVGLOGITS, T = 1) on unlabelled images.
 
 The unlabelled data (`distill_source`):
 - `dataset` (default): real images of *another* dataset, as FedDF distils on (its code's commands:
   CIFAR-100 for CIFAR-10, downsampled ImageNet for CIFAR-100): `distill_dataset` (`auto`: the
   choice of algorithms/oneshot/transfer.py, e.g. MNIST for Fashion-MNIST) in `distill_root` (empty: beside
-  `dataset.root`), at the run's size and channels. The pool grows by `synthesis_batch` of them
-  each epoch, drawn without replacement in a seeded order, so that FedDF distils on as many
-  images per epoch as the generator methods (FedDF's own code instead runs a fixed number of
-  steps with early stopping on a validation split it holds out of the training data; here every
-  method reports best, final and last-5 the same way).
-- `generator`: images of a freshly initialised, untrained DENSE generator (`synthesis_batch` a
-  epoch). They carry no information about the classes, so the server model stays near chance: a
-  data-free lower bound.
+  `dataset.root`), at the run's size and channels. What the student sees of it (`transfer_pool`):
+  - `whole` (default, FedDF's code): the whole transfer set, as a stream of batches that cycles
+    over it in a new shuffled order at each pass; a global round takes `transfer_steps` batches of
+    `kd_batch` from the stream, spread evenly over its distillation epochs (10,000 at 200 epochs:
+    50 an epoch), or with `transfer_steps: 0` one pass over the whole set an epoch. The epoch's
+    images are read again from the transfer set, not kept in the server state (`pool_size` does not
+    apply). `transfer_passes` (metrics.parquet) counts the passes over the set so far in the round.
+  - `growing`: a pool that grows by `synthesis_batch` transfer images an epoch (drawn without
+    replacement in one seeded order), the student taking one pass over the pool, so that it sees
+    as many images an epoch as the generator methods' pools hold: a scaled-down reading for 2-core
+    runs (the 2-core configs set it).
+- `generator`: images of a freshly initialised, untrained DENSE generator (`synthesis_batch` an
+  epoch, a growing pool). They carry no information about the classes, so the server model stays
+  near chance: a data-free lower bound.
 
-As the authors' code runs the distillation (epfml/federated-learning-public-code, FedDF-code,
-`noise_knowledge_transfer.py`): Adam at lr 1e-3 with a cosine schedule (here annealed over the
-distillation epochs, there over its steps), gradient norms clipped at 5, T = 1, no T^2 factor
-(equal at T = 1), KL averaged over the batch; the transfer images with the training augmentation
-(crop + flip).
+As the authors' code runs the distillation (epfml/federated-learning-public-code@44dd555, FedDF-code:
+`pcode/aggregation/noise_knowledge_transfer.py`, `pcode/create_aggregator.py`, the README's
+commands): the transfer loader holds the whole training split of the other dataset
+(`data_percentage=1.0`), shuffled at every pass (`shuffle=True`, `drop_last=False`), and is cycled
+for `total_n_server_pseudo_batches=10000` steps at the clients' batch size (`--batch_size 64` in
+its commands; here `kd_batch`); Adam at lr 1e-3 with a cosine schedule over those steps (here
+annealed over the distillation epochs), gradient norms clipped at 5, T = 1, no T^2 factor (equal
+at T = 1), KL averaged over the batch; the transfer images with the training augmentation (crop +
+flip). It validates every 100 steps on a split held out of the training data, stops after 1,000 steps
+without a better validation accuracy and keeps the best validated model; here there is no
+validation split and every method reports best, final and last-5 over its epochs the same way.
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from raysim.algorithm import added_param
 from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
@@ -53,6 +66,12 @@ class FedDF(DataFreeDistillation):
         distill_source: str = "dataset"  # dataset | generator
         distill_dataset: str = "auto"  # with distill_source=dataset: its name (e.g. mnist), or auto ...
         distill_root: str = ""  # ... and folder ("" = beside dataset.root)
+        # with distill_source=dataset: whole (a stream over the whole transfer set, FedDF's code) or
+        # growing (a pool growing by synthesis_batch an epoch; the 2-core scaling)
+        transfer_pool: str = added_param("whole", before="growing")
+        # whole: batches a global round takes from the stream, spread over its epochs (FedDF's
+        # code: total_n_server_pseudo_batches=10000); 0 = one pass over the transfer set an epoch
+        transfer_steps: int = 10000
         student_init: str = "auto"  # average | initial | auto (average when every client has the server's model)
         temperature: float = 1.0
         kd_optimizer: str = "adam"
@@ -64,8 +83,16 @@ class FedDF(DataFreeDistillation):
             super().validate()
             if self.distill_source not in ("generator", "dataset"):
                 raise RaysimError(f"algorithm.distill_source must be dataset or generator, got '{self.distill_source}'")
+            if self.transfer_pool not in ("whole", "growing"):
+                raise RaysimError(f"algorithm.transfer_pool must be whole or growing, got '{self.transfer_pool}'")
+            if self.transfer_steps < 0:
+                raise RaysimError(f"algorithm.transfer_steps must be >= 0, got {self.transfer_steps}")
             if self.student_init not in ("auto", "average", "initial"):
                 raise RaysimError(f"algorithm.student_init must be auto, average or initial, got '{self.student_init}'")
+
+        def streams(self) -> bool:
+            """Whether each epoch reads the whole transfer set's stream (not a growing pool)."""
+            return self.distill_source == "dataset" and self.transfer_pool == "whole"
 
     def __init__(self, params, config):
         super().__init__(params, config)
@@ -83,6 +110,13 @@ class FedDF(DataFreeDistillation):
             )
         if params.distill_source == "dataset":
             cls.transfer_source(config, params)  # one clear line now, not after the client stage
+        epochs = config.rounds // params.global_rounds - 1
+        if params.streams() and 0 < params.transfer_steps < epochs:
+            raise RaysimError(
+                f"algorithm.transfer_steps={params.transfer_steps} gives some of the {epochs} distillation "
+                f"epochs of a global round no step: set at least {epochs}, or 0 (one pass over the "
+                "transfer set an epoch)"
+            )
 
     @staticmethod
     def transfer_source(config, params) -> tuple[str, str]:
@@ -107,8 +141,36 @@ class FedDF(DataFreeDistillation):
     def distillation_loss(self, state):
         return lambda student, teacher, y: distillation_loss(student, teacher, self.params.temperature)
 
+    def epoch_steps(self, state, epoch: int) -> int:
+        """With transfer_steps > 0: the batches of distillation epoch `epoch` (from 1), transfer_steps
+        spread over the round's epochs (epochs added by extending a run get as many again)."""
+        steps, epochs = self.params.transfer_steps, max(state["rounds_per_global"] - 1, 1)
+        return steps * epoch // epochs - steps * (epoch - 1) // epochs
+
+    def stream(self, start: int, count: int, size: int, global_round: int) -> np.ndarray:
+        """Positions start .. start + count - 1 of the transfer stream: pass i // size is a shuffled
+        order of the whole set of its own (seeded by the global round and the pass)."""
+        positions = np.arange(start, start + count)
+        passes = positions // size
+        indices = np.empty(count, dtype=np.int64)
+        for p in np.unique(passes):
+            order = numpy_rng(self.config.seed, SERVER, "feddf", global_round, int(p)).permutation(size)
+            here = passes == p
+            indices[here] = order[positions[here] % size]
+        return indices
+
     def new_images(self, state, teachers, student, ctx, round_index):
         p = self.params
+        if p.streams():
+            images = self.transfer_images(ctx)
+            g, epoch = self.position(state, round_index)
+            count = len(images) if p.transfer_steps == 0 else self.epoch_steps(state, epoch) * p.kd_batch
+            drawn = state.get("transfer_drawn", 0)
+            state["pool_x"] = images[self.stream(drawn, count, len(images), g)]
+            state["pool_y"] = np.zeros(count, dtype=np.int64)  # unused: FedDF has no labels
+            state["transfer_drawn"] = drawn + count
+            state["pool_added"] = count
+            return {"transfer_passes": state["transfer_drawn"] / len(images)}
         if p.distill_source == "dataset":
             images = self.transfer_images(ctx)
             drawn = state.get("transfer_drawn", 0)
@@ -131,6 +193,12 @@ class FedDF(DataFreeDistillation):
         state["pool_x"], state["pool_y"] = add_to_pool(state["pool_x"], state["pool_y"], result, p.pool_size)
         state["pool_added"] = len(result.targets)
         return {}
+
+    def distill(self, state, round_index, epoch, ctx):
+        state = super().distill(state, round_index, epoch, ctx)
+        if self.params.streams():  # the next epoch reads the stream again: no images in the checkpoint
+            state["pool_x"] = state["pool_y"] = None
+        return state
 
     def transfer_images(self, ctx) -> np.ndarray:
         if self._transfer is None:

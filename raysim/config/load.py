@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from raysim.algorithm import BEFORE
 from raysim.config.files import read_yaml
 from raysim.config.parse import build_dataclass, parse_override, set_path
 from raysim.config.schema import Config, client_architectures, validate
@@ -52,8 +53,12 @@ def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str,
         set_path(tree, key_path, copy.deepcopy(value))
     section = tree.get("algorithm")
     name = section.get("name") if isinstance(section, dict) else None
+    explicit = {p[1] for p, _ in items if p[0] == "algorithm" and len(p) == 2}
+    per_method = tree.get(PER_METHOD)
+    if explicit and isinstance(per_method, dict) and isinstance(per_method.get(name), dict):
+        # a key this batch sets for the method that runs beats the config's per_method value of it
+        per_method[name] = {k: v for k, v in per_method[name].items() if k not in explicit}
     if "name" in written and isinstance(name, str) and name != written["name"]:
-        explicit = {p[1] for p, _ in items if p[0] == "algorithm" and len(p) == 2}
         per_method = tree.get(PER_METHOD) or {}
         meant = per_method.get(name) if isinstance(per_method, dict) else None
         meant = set(meant) if isinstance(meant, dict) else set()
@@ -67,6 +72,27 @@ def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str,
                 f"algorithm.{carried[0]}=... beside algorithm.name={name})"
             )
     return tree
+
+
+def as_made(tree: dict[str, Any]) -> dict[str, Any]:
+    """A run directory's stored config with each algorithm parameter added since the run was made
+    set to what that run ran: the value the parameter declares for earlier runs (added_param), else
+    its default (a parameter added with the old behaviour as its default). --resume and raysim
+    reproduce read stored configs so: a run is never counted as, or continued in, a reading it did
+    not run."""
+    algorithm = tree.get("algorithm")
+    if not isinstance(algorithm, dict):
+        return tree
+    try:
+        cls = algorithm_class(str(algorithm.get("name", "fedavg")))
+    except RaysimError:
+        return tree  # refused where the config is read, in one line
+    earlier = {
+        f.name: f.metadata[BEFORE]
+        for f in dataclasses.fields(cls.Params)
+        if BEFORE in f.metadata and f.name not in algorithm
+    }
+    return {**tree, "algorithm": {**algorithm, **earlier}} if earlier else tree
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:

@@ -110,14 +110,14 @@ def run_state(run: PlannedRun) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
-    from raysim.config.load import config_from_dict
+    from raysim.config.load import as_made, config_from_dict
     from raysim.report import flatten
 
-    # Both read through today's schema: a key added since the run was made (a new parameter whose
-    # default keeps the old behaviour) takes its default there, so it does not make the run another
-    # config; a stored config the schema no longer reads is another config.
+    # Both read through today's schema, the stored one as made (as_made): a parameter added since the
+    # run was made takes the value that run ran, so it makes the run another config only where the
+    # table asks for another; a stored config the schema no longer reads is another config.
     try:
-        stored = config_from_dict(stored).to_dict()
+        stored = config_from_dict(as_made(stored)).to_dict()
     except RaysimError as exc:
         raise RaysimError(
             f"'{run.run_dir}' holds a run of a config this raysim cannot read ({exc}): remove that folder, "
