@@ -272,6 +272,30 @@ def test_report_and_reproduce_give_the_same_mean_and_std_of_the_same_runs(tmp_pa
     assert std == pytest.approx(2.0841, abs=1e-4)  # the sample std (ddof 1), not the population's 1.70
 
 
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("final_accuracy", "x", "final_accuracy 'x', not an accuracy in [0, 1]"),
+        ("best_accuracy", 5.0, "best_accuracy 5.0, not an accuracy in [0, 1]"),
+        ("rounds", "abc", "rounds 'abc', not a count of rounds"),
+        ("rounds", None, "rounds None, not a count of rounds"),
+        ("finished", "no", "finished 'no', not true or false"),
+        ("rounds_to_accuracy", {"0.5": "x"}, "not a mapping of target accuracies to rounds or null"),
+    ],
+)
+def test_an_edited_summary_is_one_line_in_report_and_reproduce(tmp_path, key, value, words):
+    from raysim.report import report
+
+    table = load_table(write_table(tmp_path, GOOD))
+    (run,) = plan_runs(table, "cpu", [0], ["a"], ["one"], tmp_path / "out", None)
+    fake_run(run, 0.5)
+    run.run_dir.summary_file.write_text(json.dumps({**run.run_dir.read_summary(), key: value}))
+    for read in (lambda: report([str(run.run_dir.path)]), lambda: collect([run])):
+        with pytest.raises(RaysimError) as info:
+            read()
+        assert words in str(info.value) and "\n" not in str(info.value)
+
+
 def test_rounds_to_a_target_sit_beside_the_papers(tmp_path):
     text = GOOD.replace("paper: {one: 50", "paper_rounds: {one: {0.5: 4, 0.9: null}}, paper: {one: 50")
     table = load_table(write_table(tmp_path, text))

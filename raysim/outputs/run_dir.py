@@ -186,7 +186,7 @@ class RunDir:
             raise RaysimError(f"{self.summary_file} is not valid JSON ({exc}): remove that run's folder") from None
         if not isinstance(summary, dict):
             raise RaysimError(f"{self.summary_file} is not the mapping raysim writes: remove that run's folder")
-        return summary
+        return checked_summary(summary, self.summary_file, "remove that run's folder, or rerun it")
 
     def read_summary_and_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """summary.json and config.yaml of a finished or running run, each refused in one line if it
@@ -211,7 +211,7 @@ class RunDir:
                 raise RaysimError(f"{path} holds a {type(value).__name__}, not the mapping raysim writes: {way_out}")
         if not isinstance(config.get("algorithm"), dict) or not isinstance(config.get("dataset"), dict):
             raise RaysimError(f"{config_path} lacks the algorithm and dataset sections raysim writes: {way_out}")
-        return summary, config
+        return checked_summary(summary, summary_path, way_out), config
 
     def read_metrics_rows(self, columns: list[str] | None = None) -> list[dict[str, Any]]:
         """metrics.parquet's rows (refused in one line if missing or unreadable)."""
@@ -229,3 +229,42 @@ class RunDir:
         import yaml
 
         return yaml.safe_load(self.actors_file.read_text())
+
+
+# summary.json's figures that reports fold into numbers, each checked where present: a file edited
+# (or not raysim's) is refused in one line rather than shown (an accuracy of 5.0 as 500%) or crashing.
+_ACCURACIES = ("final_accuracy", "best_accuracy", "last5_accuracy")
+_COUNTS = ("rounds", "rounds_planned")
+_AMOUNTS = ("bytes_up", "bytes_down", "wall_time_s")
+
+
+def checked_summary(summary: dict[str, Any], path: Path, way_out: str) -> dict[str, Any]:
+    """`summary` if its figures are what raysim writes (finished a bool, rounds a count, accuracies in
+    [0, 1] or null, bytes and seconds not negative, rounds to a target a count or null)."""
+
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+    def refuse(key: str, what: str) -> None:
+        raise RaysimError(f"{path} has {key} {summary[key]!r}, not {what}: {way_out}")
+
+    if "finished" in summary and not isinstance(summary["finished"], bool):
+        refuse("finished", "true or false")
+    for key in _COUNTS:
+        if key in summary and not (
+            isinstance(summary[key], int) and not isinstance(summary[key], bool) and summary[key] >= 0
+        ):
+            refuse(key, "a count of rounds")
+    for key in _ACCURACIES:
+        if key in summary and summary[key] is not None and not (number(summary[key]) and 0 <= summary[key] <= 1):
+            refuse(key, "an accuracy in [0, 1] or null")
+    for key in _AMOUNTS:
+        if key in summary and not (number(summary[key]) and summary[key] >= 0):
+            refuse(key, "a number of at least 0")
+    reached = summary.get("rounds_to_accuracy")
+    if reached is not None and not (
+        isinstance(reached, dict)
+        and all(r is None or (isinstance(r, int) and not isinstance(r, bool) and r >= 1) for r in reached.values())
+    ):
+        refuse("rounds_to_accuracy", "a mapping of target accuracies to rounds or null")
+    return summary

@@ -137,8 +137,8 @@ def run_state(run: PlannedRun) -> str:
 
 def is_finished(run: PlannedRun) -> bool:
     """Finished all the rounds the table asks for (a run extended to more rounds is not)."""
-    summary = run.run_dir.read_summary()
-    return bool(summary.get("finished")) and summary.get("rounds", 0) >= run.config.rounds
+    summary = run.run_dir.read_summary()  # its figures checked (RunDir.read_summary)
+    return summary.get("finished") is True and summary.get("rounds", 0) >= run.config.rounds
 
 
 def slots(runs: list[PlannedRun]) -> int:
