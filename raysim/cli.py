@@ -295,7 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rounds=10 partition.alpha=0.1")
     run.add_argument("--out", help="run directory (default: output.dir/ALGO-DATASET-sSEED-TIME)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    run.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    run.add_argument(
+        "--address",
+        help="Ray cluster address (default: RAY_ADDRESS, else a local Ray; with --resume, never the "
+        "resources.address the run's stored config names)",
+    )
     run.add_argument(
         "--allow-code",
         action="store_true",

@@ -19,6 +19,7 @@ from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
 from raysim.errors import RaysimError, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
+from raysim.outputs.files import write_text
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
 from raysim.partition import class_counts, partition
@@ -167,8 +168,18 @@ def discard_unstarted_run(run_dir: RunDir) -> None:
         run_dir.remove_unstarted()
 
 
+# Keys of a stored config that say where (or how) to reach a Ray cluster. A run directory may come
+# from someone else: where its run executes is the user's choice (--address, RAY_ADDRESS, or these
+# keys on this command line), never the directory's.
+CLUSTER_KEYS = ("address",)
+
+
 def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Config:
-    """The run's own config; only `rounds` (to extend a run) and `resources.*` may change."""
+    """The run's own config; only `rounds` (to extend a run) and `resources.*` may change.
+
+    The stored config's cluster keys (`CLUSTER_KEYS`: resources.address) are not used: the resumed
+    run goes where this command line or RAY_ADDRESS says (else a private local Ray); a stored one
+    dropped is said in one line on stderr."""
     run_dir = RunDir(run_dir)
     if not run_dir.holds_run():
         raise RaysimError(
@@ -184,7 +195,45 @@ def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Co
     from raysim.config.files import read_yaml
     from raysim.config.load import as_made
 
-    return load_config(overrides=overrides, base=as_made(read_yaml(run_dir.config_file)))
+    tree = as_made(read_yaml(run_dir.config_file))
+    given = {text.split("=", 1)[0] for text in overrides}
+    dropped = _drop_cluster_keys(tree, given)
+    config = load_config(overrides=overrides, base=tree)
+    for key, value in dropped:
+        print(_not_used_line(run_dir, key, value), file=sys.stderr)
+    return config
+
+
+def _drop_cluster_keys(tree: dict[str, Any], given: set[str]) -> list[tuple[str, Any]]:
+    """Remove from `tree` (in place) the stored values of CLUSTER_KEYS that this command line does
+    not set itself; returns (dotted key, stored value) of each that named something."""
+    resources = tree.get("resources")
+    if not isinstance(resources, dict):
+        return []
+    dropped = []
+    for name in CLUSTER_KEYS:
+        value = resources.get(name)
+        if name in resources:
+            tree["resources"] = resources = {k: v for k, v in resources.items() if k != name}
+        if value not in (None, "") and f"resources.{name}" not in given:
+            dropped.append((f"resources.{name}", value))
+    return dropped
+
+
+def _not_used_line(run_dir: RunDir, key: str, value: Any) -> str:
+    """The one line a resume prints for a stored cluster key it did not use: the value as text that
+    cannot move the terminal (repr escapes control characters), cut short if long."""
+    import shlex
+
+    shown = repr(value)
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    printable = isinstance(value, str) and value.isprintable() and len(value) <= 200
+    flag = f"--address {shlex.quote(value)}" if printable and key == "resources.address" else None
+    how = f"add {flag} (or set RAY_ADDRESS)" if flag else f"give {key}=... on this command line"
+    return (
+        f"note: {run_dir.config_file} names {key}={shown}: not used (a resumed run goes where this command "
+        f"says: --address, RAY_ADDRESS, else a private local Ray); to run there, {how}"
+    )
 
 
 def client_placement():
@@ -379,7 +428,7 @@ def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
         # method) and keep the whole remote traceback beside the run
         log = Path(run_dir) / "error.log"
         try:
-            log.write_text(str(exc) + "\n")
+            write_text(log, str(exc) + "\n")  # never through a link planted in the run directory
             where = f"; traceback in {log}"
         except OSError:
             where = ""

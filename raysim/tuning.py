@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import yaml
 from raysim.config import ResourcesConfig, dump_config
 from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
-from raysim.outputs.files import write_text
+from raysim.outputs.files import real_folder, refuse_link, write_text
 from raysim.outputs.run_dir import RunDir
 from raysim.sweep import Sweep, load_sweep
 from raysim.tables import text_table
@@ -76,7 +77,7 @@ def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
     from ray import tune
 
     run_dir = RunDir(sweep_dir / RUNS_DIR / tune.get_context().get_trial_id())
-    run_dir.path.mkdir(parents=True, exist_ok=True)
+    real_folder(run_dir.path, below=sweep_dir)  # runs/ and the trial's folder: no planted link (RunDir.refuse_links)
     run_experiment(config, run_dir, callbacks=[TuneReport(run_dir)])
 
 
@@ -260,10 +261,20 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
     from raysim.engine.ray_session import ray_session
 
     sweep_dir = sweep_dir.resolve()
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    real_folder(sweep_dir)
+    for name in (TUNE_DIR, RUNS_DIR):  # Tune's state and the trials' run directories land in these
+        refuse_link(sweep_dir / name)
     if not restore:
         _write_sweep(sweep, sweep_dir)
     base_resources = sweep.trial_config(sweep.example_params()).resources
+    if restore and base_resources.address:
+        # a received sweep does not choose the cluster: --address, RAY_ADDRESS, else a local Ray
+        print(
+            f"note: {sweep_dir / 'sweep.yaml'}'s base names resources.address={base_resources.address!r}: not used "
+            "(a resumed sweep goes where this command says: --address, RAY_ADDRESS, else a private local Ray)",
+            file=sys.stderr,
+        )
+        base_resources = dataclasses.replace(base_resources, address=None)
     with ray_session(base_resources, address):
         plan_trial_actors(sweep)
         check_sweep_fits(sweep)

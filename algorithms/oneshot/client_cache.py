@@ -2,7 +2,9 @@
 that determines it, so that the one-shot methods compared on one setting train the clients once.
 
 The key hashes the training data and partition (`ctx.data_digest`), the normalisation the clients
-train with (resolved: the configured or the computed mean and std), the torch version, and the whole
+train with (resolved: the configured or the computed mean and std), the torch and numpy versions,
+the torch threads each client trains with (`client_threads`: multi-threaded CPU kernels add in
+another order with another count, so 1 and 2 threads give other last digits), and the whole
 resolved config except what cannot change the client stage (`NOT_CLIENT_STAGE`, `SCHEDULING`): the
 key is derived from the config, not from a hand-kept list of what matters, so a key added to the
 config later is in it (a needless miss at worst, never a wrong hit). Of the `algorithm` section
@@ -33,7 +35,7 @@ import torch
 from raysim.config import Config, client_architectures
 from raysim.data.cache import cache_root
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the clients' thread count and numpy version in the key
 
 # Config sections the client stage never sees: the server's side and the outputs. The data's place
 # (dataset.root) is left out too: its content is in the data digest.
@@ -42,7 +44,8 @@ NOT_CLIENT_STAGE = ("algorithm", "rounds", "eval", "output")
 # with the value that is the behaviour before it existed: at that value it stays out of the key.
 CLIENT_STAGE_PARAMS = {"client_init": "shared"}
 # Where and on how many processes a run goes: results are equal across these (tested), so they
-# stay out; whether clients train on a GPU (CPU and CUDA kernels round differently) stays in.
+# stay out; whether clients train on a GPU (CPU and CUDA kernels round differently) stays in, and
+# so does the thread count cpus_per_actor gives each client (`client_threads`), not its raw value.
 SCHEDULING = (
     "actors",
     "cpus_per_actor",
@@ -63,6 +66,13 @@ def cache_dir() -> Path:
     return cache_root() / "client_stage"
 
 
+def client_threads(config: Config) -> int:
+    """The torch threads a client trains with, in an actor and in process alike: the count
+    raysim.engine.devices.configure_torch sets from resources.cpus_per_actor (in process,
+    raysim.engine.in_process gives the runtime's count to each call)."""
+    return max(1, int(config.resources.cpus_per_actor))
+
+
 def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np.ndarray) -> str:
     """The entry's name: a hash of everything that decides the clients' trained models."""
     whole = config.to_dict()
@@ -75,6 +85,7 @@ def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np
     resources = tree.pop("resources")
     tree["resources"] = {k: v for k, v in resources.items() if k not in SCHEDULING}
     tree["resources"]["gpu"] = resources["gpus_per_actor"] > 0
+    tree["resources"]["threads"] = client_threads(config)
     if not tree["resources"]["gpu"]:
         tree["resources"].pop("tf32")  # TF32 is a CUDA setting: CPU clients train the same without it
     described = {
@@ -85,6 +96,7 @@ def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np
         "mean": np.asarray(mean, dtype=np.float64).round(8).tolist(),
         "std": np.asarray(std, dtype=np.float64).round(8).tolist(),
         "torch": torch.__version__,
+        "numpy": np.__version__,  # the seeds (SeedSequence, raysim.seeding) and numpy draws of a client step
     }
     return hashlib.blake2b(json.dumps(described, sort_keys=True).encode(), digest_size=16).hexdigest()
 

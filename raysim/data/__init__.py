@@ -4,7 +4,8 @@
     ds.train_x  # uint8 (N, H, W, C), read-only;  ds.train_y  # int64 (N,)
 
 Decoded arrays are cached under $RAYSIM_CACHE_DIR (default ~/.cache/raysim) and
-memoised in-process; see raysim.data.cache.
+memoised in-process, both keyed by the source files' content (a SHA-256 of their bytes,
+not their size and mtime); see raysim.data.cache.
 """
 
 from raysim.data.arrays import ArrayDataset

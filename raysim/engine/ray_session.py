@@ -16,14 +16,14 @@ from raysim.errors import RaysimError
 
 @contextmanager
 def ray_session(resources: ResourcesConfig, address: str | None = None) -> Iterator[None]:
-    """Attach to a cluster (address, resources.address or RAY_ADDRESS) or start a private local Ray.
+    """Attach to a cluster (`cluster_address`) or start a private local Ray.
 
     An already initialised Ray (a test session, a Tune trial's driver) is reused and left running.
     """
     if ray.is_initialized():
         yield
         return
-    target = address or resources.address or os.environ.get("RAY_ADDRESS")
+    target = cluster_address(resources, address)
     children_before = _children()
     if target:
         ray.init(address=target, logging_level=logging.WARNING)
@@ -47,6 +47,16 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         if watcher is not None:  # closing its pipe: it finds nothing left and exits
             watcher.stdin.close()
             watcher.wait(timeout=30)
+
+
+def cluster_address(resources: ResourcesConfig, address: str | None = None) -> str | None:
+    """The Ray cluster a session attaches to: `address` (--address), else the config's
+    resources.address, else RAY_ADDRESS; None: a private local Ray.
+
+    The config's is the user's own only in a config they give: a resumed run's stored
+    resources.address is dropped before it gets here (raysim.runner.resume_config), so that a run
+    directory from someone else never chooses where its run executes."""
+    return address or resources.address or os.environ.get("RAY_ADDRESS") or None
 
 
 def _children() -> set[int]:

@@ -12,6 +12,13 @@
     .lock                      held by the process running it
 
 Everything here is plain data (a path), so a `RunDir` travels to Ray actors as it is.
+
+A run directory may come from someone else, so nothing planted in it makes raysim write outside it
+(raysim.outputs.files): each file is written under a fresh, unpredictable name created exclusively
+and renamed onto its own (a link at the final name is replaced, not followed); `.lock` is opened
+without following a link; and a run directory that is itself a symbolic link, or whose
+checkpoints/, client_state/ (or a client's folder in it) or tensorboard/ is one, is refused in one
+line before anything is written (`refuse_links`, when the run's lock is taken).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import RaysimError
-from raysim.outputs.files import write_json, write_text
+from raysim.outputs.files import atomic_write, refuse_link, write_json, write_text
 
 CONFIG = "config.yaml"
 METRICS = "metrics.parquet"
@@ -34,6 +41,7 @@ PREVIOUS_CHECKPOINT = "checkpoints/previous.pt"
 FINAL_MODEL = "checkpoints/final_model.pt"
 CLIENT_STATE = "client_state"
 LOCK = ".lock"
+FOLDERS = (TENSORBOARD, "checkpoints", CLIENT_STATE)  # written into by raysim, or by TensorBoard's writer
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,18 @@ class RunDir:
         """Nothing ran here: the folder holds no more than its config and lock."""
         return self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {CONFIG, LOCK}
 
+    def refuse_links(self) -> None:
+        """One line if the folder, or a folder raysim (or TensorBoard) writes into, is a symbolic
+        link: the files written there would land outside the run directory. (TensorBoard writes a
+        new events file named after the time and process; a link in its folder is refused too.)"""
+        refuse_link(self.path)
+        for name in FOLDERS:
+            refuse_link(self.path / name)
+        for folder in (self.client_state_dir, self.tensorboard_dir):  # a client's folder; an events file
+            if folder.is_dir():
+                for entry in folder.iterdir():
+                    refuse_link(entry)
+
     def remove_unstarted(self) -> None:
         for name in (CONFIG, LOCK):
             (self.path / name).unlink(missing_ok=True)
@@ -134,14 +154,8 @@ class RunDir:
 
         from raysim.outputs.state_files import encode
 
-        last, previous = self.checkpoint_file, self.previous_checkpoint_file
         encoded = encode(checkpoint)
-        fresh = last.with_name("last.pt.new")
-        last.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(encoded, fresh)
-        if last.exists():
-            last.replace(previous)
-        fresh.replace(last)
+        atomic_write(self.checkpoint_file, lambda p: torch.save(encoded, p), previous=self.previous_checkpoint_file)
 
     def write_final_model(self, weights: Any) -> None:
         from raysim.outputs.state_files import save_state

@@ -65,7 +65,8 @@ def decode(obj: Any) -> Any:
 
 
 def save_state(path: Path, obj: Any) -> None:
-    """Write `obj` atomically (a run killed at any moment leaves the previous file intact)."""
+    """Write `obj` atomically (a run killed at any moment leaves the previous file intact), never
+    through a link planted at its name or its temporary one (raysim.outputs.files)."""
     encoded = encode(obj)
     atomic_write(Path(path), lambda p: torch.save(encoded, p))
 

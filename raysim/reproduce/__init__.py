@@ -84,7 +84,9 @@ def reproduce(
     data_root = data_root or os.environ.get("RAYSIM_DATA")
     runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
     try:  # once every run's config is valid: a refused table leaves no folder behind
-        out.mkdir(parents=True, exist_ok=True)
+        from raysim.outputs.files import real_folder
+
+        real_folder(out)  # a linked --out is refused before the runs, not when the table is written
     except OSError as exc:
         raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None
     failures = execute(runs, address, parallel, bars)

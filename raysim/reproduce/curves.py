@@ -56,8 +56,9 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
             ax.legend(fontsize=8)
     fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    from raysim.outputs.files import atomic_write
+
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".")))  # never through a link
     return path
 
 

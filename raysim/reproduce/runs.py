@@ -240,6 +240,7 @@ def _side_by_side(one: Callable[[PlannedRun], None], todo: list[PlannedRun], wid
 
 
 def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar: bool) -> Callable[[PlannedRun], None]:
+    from raysim.outputs.files import real_folder
     from raysim.outputs.run_lock import unlock_run_dir
     from raysim.runner import ProgressBar, failure_message, new_run_dir, run_experiment
 
@@ -250,13 +251,15 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
         if progress_bar is not None:
             callbacks.append(progress_bar)
         try:
+            # OUT/cell/method/ are real folders: a link planted in a received --out cannot take the
+            # run's writes elsewhere (the run directory itself is checked when its lock is taken)
+            real_folder(run.run_dir.path.parent, below=run.run_dir.path.parents[2])
             if states[run.name] == "unfinished":
                 # the table's config: the stored one but for settings that change no number (this
                 # command's resources, where the data lie) and, for a run extended, its rounds
                 summary = run_experiment(run.config, run.run_dir, callbacks=callbacks)
                 how = "resumed, "
             else:
-                run.run_dir.path.parent.mkdir(parents=True, exist_ok=True)
                 summary = run_experiment(run.config, new_run_dir(run.config, str(run.run_dir)), callbacks=callbacks)
                 how = ""
         except Exception as exc:  # one run's failure is reported in one line; the table goes on
