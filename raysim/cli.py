@@ -26,6 +26,7 @@ def _run(args: argparse.Namespace) -> int:
     from raysim.outputs.run_lock import lock_run_dir
     from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
+    _check_address(args.address)  # before anything is read or created
     if args.resume:
         if args.config and "=" not in args.config:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
@@ -35,20 +36,27 @@ def _run(args: argparse.Namespace) -> int:
             resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
         )
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
-        done = run_dir.completed_rounds()  # an unreadable checkpoint is refused here, before Ray starts
+        checkpoint = run_dir.read_checkpoint()  # an unreadable checkpoint is refused here, before Ray starts
+        done = 0 if checkpoint is None else int(checkpoint["round"])
         if done >= config.rounds:
             print(
                 f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
                 f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
             )
             return 0
-        experiment = None
+        from raysim.runner import prepare
+
+        experiment = prepare(config)
+        if checkpoint is not None:
+            _check_checkpoint_model(run_dir, checkpoint, experiment)
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
         from raysim.config.named import load_named_config
+        from raysim.reproduce import check_cell_name
         from raysim.runner import prepare
 
+        check_cell_name(args.config, "raysim run")  # a cell's scale is its name's last part here
         config = load_named_config(args.config, args.overrides)
 
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
@@ -72,6 +80,38 @@ def _run(args: argparse.Namespace) -> int:
             discard_unstarted_run(run_dir)
         raise RaysimError(message) from None
     return 0
+
+
+def _check_address(address: str | None) -> None:
+    """--address in a form Ray takes (HOST:PORT, ray://HOST:PORT, auto, local): one line before any
+    work, not a traceback from ray.init after the run directory was made."""
+    if address:
+        from raysim.engine.ray_session import check_address
+
+        check_address(address, "--address")
+
+
+def _check_checkpoint_model(run_dir, checkpoint: dict, experiment) -> None:
+    """The checkpoint's global weights are this run's model's (names, shapes, numbers), where the
+    run's algorithm keeps them in state['weights'] (every algorithm that keeps Algorithm.global_weights)."""
+    from raysim.algorithm import Algorithm
+    from raysim.outputs.state_files import check_global_weights
+    from raysim.registry import algorithm_class
+
+    if algorithm_class(experiment.config.algorithm.name).global_weights is not Algorithm.global_weights:
+        return  # an algorithm that keeps its global model elsewhere: its own code reads the state
+    import torch
+
+    with torch.random.fork_rng(devices=[]):  # the shapes only: the driver's random stream is left as it was
+        model = experiment.spec.build("cpu")
+    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    last = run_dir.checkpoint_file
+    check_global_weights(
+        checkpoint,
+        expected,
+        last if last.exists() else run_dir.previous_checkpoint_file,  # the one read_checkpoint read
+        "it comes from another run or was edited: put back this run's own checkpoint, or start a fresh run",
+    )
 
 
 def _resume_config_without_code(run_dir, overrides: list[str]):
@@ -172,11 +212,14 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from raysim.sweep import load_sweep
+    from raysim.tune_state import user_key
     from raysim.tuning import resume_sweep, run_sweep
 
+    _check_address(args.address)
     if args.resume:
         if args.sweep:
             raise RaysimError("give either SWEEP.yaml or --resume DIR, not both")
+        user_key()  # the key that signs the sweep's state: a bad one is refused before Ray starts
         resume_sweep(Path(args.resume), args.address, allow_code=args.allow_code)
         return 0
     if not args.sweep:
@@ -185,6 +228,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         raise RaysimError("raysim tune needs --out DIR: the sweep's trials, table and best.yaml go there")
     out = Path(args.out)
     from raysim.tuning import sweep_started
+
+    user_key()  # the key that will sign the sweep's state: a bad one is refused before anything is written
 
     # Tune's state appears once the sweep has started: before that (a sweep refused while starting)
     # the same --out can simply be used again.
@@ -224,6 +269,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise RaysimError("raysim reproduce needs --out DIR: the table's runs, table.md and table.csv go there")
     if args.parallel is not None and args.parallel < 1:
         raise RaysimError(f"--parallel {args.parallel}: give 1 or more runs side by side (or leave it out: auto)")
+    _check_address(args.address)
     try:
         written, failures = reproduce(
             args.table,

@@ -14,16 +14,20 @@ interval after Tune last saved can be left with a stale signature; the refusal t
 `--allow-code` as the way on for the sweep's own maker.
 
 Key: $RAYSIM_KEY_FILE, default $XDG_CONFIG_HOME/raysim/sweep.key (~/.config/raysim/sweep.key),
-32 random bytes created on first use, readable by its owner only.
+32 random bytes created on first use, readable by its owner only. A key that is not a regular file
+of this user's, readable by them alone and of a key's size, is refused in one line (a key others can
+read lets them forge signatures; /etc/passwd is no key).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
 import os
 import secrets
+import stat
 import threading
 from pathlib import Path
 
@@ -45,12 +49,18 @@ def key_file() -> Path:
     return Path(config_home).expanduser() / "raysim" / "sweep.key"
 
 
+KEY_BYTES = 32  # what raysim writes: secrets.token_bytes(32)
+KEY_SIZES = (16, 1024)  # a key of the user's own making is accepted within these sizes (bytes)
+
+
 def user_key() -> bytes:
-    """This user's key, created (owner-only) the first time."""
+    """This user's key, created (owner-only) the first time; refused in one line unless it is a
+    regular file of this user's, readable by them alone, of a key's size."""
     path = key_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        # O_EXCL never follows a link at `path`: a planted link (dangling or not) is left to the checks below
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         pass
     except OSError as exc:
@@ -59,10 +69,64 @@ def user_key() -> bytes:
         ) from None
     else:
         with os.fdopen(fd, "wb") as out:
-            out.write(secrets.token_bytes(32))
-    key = path.read_bytes()
-    if len(key) < 16:
-        raise RaysimError(f"the sweep-signing key {path} is shorter than 16 bytes: delete it to make a new one")
+            out.write(secrets.token_bytes(KEY_BYTES))
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> bytes:
+    """The key at `path`, opened without following a link or blocking on a pipe, and checked on the
+    open file (what is read is what was checked)."""
+    if os.environ.get("RAYSIM_KEY_FILE"):  # a file the user chose (maybe not theirs to change): choose another
+        remake = "point RAYSIM_KEY_FILE at a key file only you can read (chmod 600), or unset it to use raysim's own"
+        private = remake
+    else:
+        remake = f"remove it ('rm {path}') so that raysim makes a new one"
+        private = f"{remake} (or 'chmod 600 {path}' if no one else has read it)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RaysimError(
+                f"the sweep-signing key {path} is a symbolic link: raysim reads only a regular file of yours; {remake}"
+            ) from None
+        raise RaysimError(f"cannot read the sweep-signing key {path} ({exc.strerror}): {remake}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+            raise RaysimError(f"the sweep-signing key {path} is {what}: {remake}")
+        if info.st_uid != os.getuid():
+            raise RaysimError(
+                f"the sweep-signing key {path} belongs to another user (uid {info.st_uid}), so a signature "
+                f"under it proves nothing: {remake}"
+            )
+        mode = stat.S_IMODE(info.st_mode)
+        if mode & 0o077:
+            raise RaysimError(
+                f"the sweep-signing key {path} can be read or written by others (mode {mode:04o}), so a signature "
+                f"under it proves nothing: {private}"
+            )
+        low, high = KEY_SIZES
+        if not low <= info.st_size <= high:
+            raise RaysimError(
+                f"the sweep-signing key {path} is {info.st_size} bytes, not a key (raysim writes {KEY_BYTES} "
+                f"random bytes; {low} to {high} are accepted): {remake}"
+            )
+        key = b""
+        while len(key) <= high:
+            chunk = os.read(fd, high + 1 - len(key))
+            if not chunk:
+                break
+            key += chunk
+    except OSError as exc:
+        raise RaysimError(f"cannot read the sweep-signing key {path} ({exc.strerror}): {remake}") from None
+    finally:
+        os.close(fd)
+    if not low <= len(key) <= high or len(set(key)) < 8:
+        raise RaysimError(
+            f"the sweep-signing key {path} does not look like a key ({len(key)} bytes, {len(set(key))} distinct "
+            f"values; raysim writes {KEY_BYTES} random bytes): {remake}"
+        )
     return key
 
 

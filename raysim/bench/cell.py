@@ -133,6 +133,7 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
 def cell(opts: dict) -> None:
     from raysim.config.named import load_named_config
     from raysim.registry import algorithm_class
+    from raysim.reproduce import check_cell_name
 
     if not opts["config"]:
         raise RaysimError(
@@ -145,6 +146,7 @@ def cell(opts: dict) -> None:
         fraction = math.nan
     if not 0 < fraction <= 0.5:
         raise RaysimError(f"bench cell: fraction={opts['fraction']} must be a number in (0, 0.5]")
+    check_cell_name(opts["config"], "raysim bench cell")  # a cell's scale is its name's last part here
     config = load_named_config(opts["config"], opts["overrides"])
     cls = algorithm_class(config.algorithm.name)
     keys = work_keys(config, fraction)

@@ -42,19 +42,36 @@ def merge_trees(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+MAX_EXTENDS = 64  # files in one `extends:` chain (the shipped configs use a few)
+
+
 def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    data = _read_one_yaml(path)
-    if EXTENDS_KEY not in data:
-        return data
-    target = data.pop(EXTENDS_KEY)
-    base_path = _extended_file(path, target)
-    if base_path.resolve() in chain or base_path.resolve() == path.resolve():
-        loop = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path.resolve()))
-        raise RaysimError(f"config file '{path}' extends itself through {loop}: break the loop of 'extends:'")
-    base = _read_extending(base_path, (*chain, path.resolve()))
-    if _algorithm_name(data) not in (None, _algorithm_name(base)):
-        base.pop("algorithm", None)  # another algorithm: the base's algorithm parameters do not apply
-    return merge_trees(base, data)
+    """`path`'s tree over its `extends:` chain, read file by file (no recursion: a chain of any
+    length is one line, never a RecursionError) and merged from the last base up."""
+    trees: list[tuple[Path, dict[str, Any]]] = []
+    seen = set(chain)
+    while True:
+        if len(trees) >= MAX_EXTENDS:
+            raise RaysimError(
+                f"config file '{trees[0][0]}' extends a chain of more than {MAX_EXTENDS} files (at '{path}'): "
+                "shorten its 'extends:' chain (merge some of the files into one)"
+            )
+        data = _read_one_yaml(path)
+        seen.add(path.resolve())
+        trees.append((path, data))
+        if EXTENDS_KEY not in data:
+            break
+        base_path = _extended_file(path, data.pop(EXTENDS_KEY))
+        if base_path.resolve() in seen:
+            loop = " -> ".join(str(p.resolve()) for p, _ in trees) + f" -> {base_path.resolve()}"
+            raise RaysimError(f"config file '{path}' extends itself through {loop}: break the loop of 'extends:'")
+        path = base_path
+    merged = trees[-1][1]
+    for _, data in reversed(trees[:-1]):
+        if _algorithm_name(data) not in (None, _algorithm_name(merged)):
+            merged.pop("algorithm", None)  # another algorithm: the base's algorithm parameters do not apply
+        merged = merge_trees(merged, data)
+    return merged
 
 
 def _algorithm_name(tree: dict[str, Any]) -> Any:
@@ -87,7 +104,17 @@ def _read_one_yaml(path: Path) -> dict[str, Any]:
             f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"
         )
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise RaysimError(
+            f"config file '{path}' is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at line {line}): "
+            "save it as UTF-8"
+        ) from None
+    except OSError as exc:
+        raise RaysimError(f"cannot read config file '{path}' ({exc.strerror}): check its permissions") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -57,6 +57,7 @@ def coerce(value: Any, tp: Any, key: str, noun: str = "config key") -> Any:
         if not math.isfinite(value):
             raise RaysimError(f"{noun} '{key}' must be a finite number, got {value}")
         check_named_number(key, value)
+        check_model_size(key, value)
         # keep ints as ints where a count makes sense (clients.per_round=4 means 4 clients)
         return value
     if tp is int:
@@ -64,6 +65,7 @@ def coerce(value: Any, tp: Any, key: str, noun: str = "config key") -> Any:
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise RaysimError(f"{noun} '{key}' must be an integer, got {value!r}")
+        check_model_size(key, value)
         return value
     if tp is bool:
         if not isinstance(value, bool):
@@ -105,6 +107,41 @@ def check_named_number(key: str, value: float) -> None:
         raise RaysimError(f"config key '{key}' is a momentum and must be in [0, 1), got {value}")
     if (name == "weight_decay" or name.endswith("_weight_decay")) and value < 0:
         raise RaysimError(f"config key '{key}' is a weight decay and must be >= 0, got {value}")
+
+
+# The model keys that size its layers (model.*, clients.models' entries), with the most each may be
+# and the weights one layer then holds: refused in one line before a model is built, not a
+# traceback from an allocation of terabytes (or a machine brought to a halt).
+MODEL_SIZE_LIMITS = {
+    # key: (most, the papers' value, weights of one layer at value v, what that layer is)
+    "width": (4096, 128, lambda v: 9 * v * v, "a 3x3 convolution from width to width channels"),
+    "hidden": (16384, 128, lambda v: 3 * 64 * 64 * v, "the first layer on 64x64 RGB images"),
+    "width_multiplier": (8, 1, lambda v: 9 * (512 * v) ** 2, "ResNet-18's widest 3x3 convolution"),
+}
+
+
+def check_model_size(key: str, value: float) -> None:
+    """model.width, model.hidden and model.width_multiplier (also in clients.models) within what a
+    machine can hold: the refusal names the key and the memory one layer would need."""
+    parts = key.split(".")
+    name = parts[-1]
+    if parts[0] not in ("model", "clients") or name not in MODEL_SIZE_LIMITS:
+        return
+    most, usual, weights, layer = MODEL_SIZE_LIMITS[name]
+    if value > most:
+        raise RaysimError(
+            f"config key '{key}'={value} is far too large: {layer} would hold {weights(value):.3g} weights "
+            f"({_bytes(4 * weights(value))} as float32): give at most {most} (the papers use {usual})"
+        )
+
+
+def _bytes(n: float) -> str:
+    unit = "bytes"
+    for unit in ("bytes", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            break
+        n /= 1000
+    return f"{n:.3g} {unit}"
 
 
 def build_dataclass(cls: type, values: dict[str, Any], prefix: str, noun: str = "config key") -> Any:

@@ -39,6 +39,8 @@ def decode_images(
     images must share one square size.  ``describe(i)`` names item i in errors,
     ``what`` names the dataset/split.
     """
+    if image_size is not None:
+        check_memory(len(items), image_size, 1, what)
     arrays: list[np.ndarray] = []
     any_colour = False
     first_shape: tuple[int, int] | None = None
@@ -47,6 +49,15 @@ def decode_images(
             src = io.BytesIO(item) if isinstance(item, (bytes, bytearray, memoryview)) else item
             with Image.open(src) as im:
                 a = _to_array(im, image_size)
+        except MemoryError:
+            raise RaysimError(
+                f"{what}: out of memory decoding image {describe(i)} of {len(items)}"
+                + (
+                    f" at dataset.image_size={image_size}: give a smaller dataset.image_size"
+                    if image_size
+                    else ": set dataset.image_size=N to shrink the images, or use a machine with more memory"
+                )
+            ) from None
         except Exception as exc:  # noqa: BLE001 - any decoder failure becomes one line
             raise RaysimError(
                 f"{what}: cannot decode image {describe(i)} ({one_line(exc, 120)}): remove or replace that file"
@@ -76,10 +87,26 @@ def decode_images(
     return out
 
 
+def check_memory(count: int, image_size: int, channels: int, what: str) -> None:
+    """Refuse, before decoding, `count` images at image_size x image_size that cannot fit in the
+    memory free now (the decoded images and the array they are gathered into: twice the array)."""
+    import psutil
+
+    need = 2 * count * image_size * image_size * channels
+    free = psutil.virtual_memory().available
+    if need > free:
+        raise RaysimError(
+            f"{what}: {count} images at dataset.image_size={image_size} need at least {need / 1e9:.3g} GB of "
+            f"memory, more than the {free / 1e9:.3g} GB free: give a smaller dataset.image_size (the papers use "
+            f"28 to 64), or unset it"
+        )
+
+
 def resize_array(x: np.ndarray, image_size: int | None) -> np.ndarray:
     """Resize an already-decoded uint8 (N, H, W, C) array to image_size (no-op when None or equal)."""
     if image_size is None or (x.shape[1] == image_size and x.shape[2] == image_size):
         return x
+    check_memory(x.shape[0], image_size, x.shape[3], "the dataset")
     out = np.empty((x.shape[0], image_size, image_size, x.shape[3]), dtype=np.uint8)
     for i in range(x.shape[0]):
         img = x[i, :, :, 0] if x.shape[3] == 1 else x[i]

@@ -75,11 +75,20 @@ def _normalise_name(name: object) -> str:
     return key
 
 
+MAX_IMAGE_SIZE = 1024  # pixels a side: the papers use 28 to 64 (224 for ImageNet-sized models)
+
+
 def _check_image_size(image_size: object) -> int | None:
     if image_size is None:
         return None
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or not 1 <= image_size <= 4096:
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
         raise RaysimError(f"dataset.image_size must be a positive integer (pixels) or unset, got {image_size!r}")
+    if image_size > MAX_IMAGE_SIZE:
+        raise RaysimError(
+            f"dataset.image_size={image_size} is too large: every image would be resized to "
+            f"{image_size}x{image_size} ({3 * image_size**2 / 1e6:.3g} MB each in RGB, and as large an input for "
+            f"the models): give at most {MAX_IMAGE_SIZE} (the papers use 28 to 64), or unset it"
+        )
     return image_size
 
 

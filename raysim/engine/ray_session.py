@@ -5,13 +5,15 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import ray
 
 from raysim.config import ResourcesConfig
-from raysim.errors import RaysimError
+from raysim.errors import RaysimError, first_line
 
 
 @contextmanager
@@ -26,7 +28,21 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
     target = cluster_address(resources, address)
     children_before = _children()
     if target:
-        ray.init(address=target, logging_level=logging.WARNING)
+        try:
+            # Ray's own warnings while it retries (its core's, once a second; Ray Client's) would sit
+            # beside the one line below: held back, and passed on only if the cluster answers
+            with _stderr_held() as held, warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Ray Client connection timed out", category=UserWarning)
+                ray.init(address=target, logging_level=logging.WARNING)
+                held.passed_on = True
+        except (OSError, RuntimeError, ValueError) as exc:  # ConnectionError, TimeoutError: nothing answers there
+            if ray.is_initialized():
+                ray.shutdown()
+            raise RaysimError(
+                f"cannot connect to the Ray cluster at {target} ({type(exc).__name__}: {first_line(exc)}): check "
+                "the address and that the cluster is up ('ray status' on its head node) and reachable from here, "
+                "or leave out --address (and RAY_ADDRESS) to run on a private local Ray"
+            ) from None
     else:
         # A private Ray on this machine, stopped with the run: Ray's notice that it turned token
         # authentication on is nothing the user can act on, and it would sit beside our one-line errors.
@@ -49,6 +65,42 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             watcher.wait(timeout=30)
 
 
+class _Held:
+    passed_on = False
+
+
+@contextmanager
+def _stderr_held() -> Iterator[_Held]:
+    """File descriptor 2 (where Ray's C++ core logs) goes to a temporary file for the block; what
+    was written there is passed on to stderr afterwards if `passed_on` was set, else dropped."""
+    import sys
+    import tempfile
+
+    held = _Held()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no stderr to hold (a closed or replaced one): nothing to do
+        yield held
+        return
+    with tempfile.TemporaryFile() as buffer:
+        os.dup2(buffer.fileno(), 2)
+        try:
+            yield held
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            if held.passed_on:
+                buffer.seek(0)
+                text = memoryview(buffer.read())
+                while text:
+                    text = text[os.write(2, text) :]
+
+
 def cluster_address(resources: ResourcesConfig, address: str | None = None) -> str | None:
     """The Ray cluster a session attaches to: `address` (--address), else the config's
     resources.address, else RAY_ADDRESS; None: a private local Ray.
@@ -56,7 +108,32 @@ def cluster_address(resources: ResourcesConfig, address: str | None = None) -> s
     The config's is the user's own only in a config they give: a resumed run's stored
     resources.address is dropped before it gets here (raysim.runner.resume_config), so that a run
     directory from someone else never chooses where its run executes."""
-    return address or resources.address or os.environ.get("RAY_ADDRESS") or None
+    for value, source in ((address, "--address"), (resources.address, "resources.address")):
+        if value:
+            return check_address(value, source)
+    return check_address(os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS")
+
+
+_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?"
+# HOST:PORT (a cluster's GCS, e.g. 10.0.0.5:6379) or ray://HOST:PORT (Ray Client); HOST a name, an
+# IPv4 address or a bracketed IPv6 one
+_ADDRESS = re.compile(rf"(?:ray://)?(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:.]+\]):(\d{{1,5}})")
+
+
+def check_address(address: str | None, source: str = "--address") -> str | None:
+    """`address` if it has the form of a Ray address ('auto', 'local', HOST:PORT or ray://HOST:PORT),
+    else one line naming where it came from (--address, resources.address, RAY_ADDRESS) - before
+    anything starts, not a traceback from ray.init."""
+    if address is None or address in ("auto", "local"):
+        return address
+    match = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
+    if match is None or not 1 <= int(match.group(1)) <= 65535:
+        raise RaysimError(
+            f"{source} {address!r} is not a Ray cluster address: give HOST:PORT (the head node's, e.g. "
+            "10.0.0.5:6379), ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.5:10001), 'auto' (the cluster "
+            "this machine belongs to) or 'local'"
+        )
+    return address
 
 
 def _children() -> set[int]:

@@ -11,6 +11,7 @@ else in one line, without running it.
 from __future__ import annotations
 
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,12 @@ def load_state(path: Path, way_out: str) -> Any:
     unread; a damaged file is named. `way_out` completes the message: what the user can do."""
     path = Path(path)
     try:
-        return decode(torch.load(path, weights_only=True, map_location="cpu"))
+        with warnings.catch_warnings():
+            # torch warns about a plain pickle's protocol before its restricted unpickler reads (or
+            # refuses) it: a line beside raysim's own that the user can do nothing with
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            loaded = torch.load(path, weights_only=True, map_location="cpu")
+        return decode(loaded)
     except pickle.UnpicklingError:
         # torch's restricted unpickler stopped at something it does not allow: nothing was executed.
         raise UnreadableStateError(
@@ -121,3 +127,43 @@ def checked_checkpoint(checkpoint: Any, path: Path, way_out: str) -> dict[str, A
             f"{path} is not a raysim checkpoint (missing or malformed: {', '.join(wrong) or 'round'}): {way_out}"
         )
     return checkpoint
+
+
+def check_global_weights(
+    checkpoint: dict[str, Any], expected: dict[str, tuple[int, ...]], path: Path, way_out: str
+) -> None:
+    """The checkpoint's global model (state['weights']) is the run's model: the same names, each a
+    numeric array or tensor of the shape the model has (`expected`: name -> shape). Refused in one
+    line before Ray starts, not an actor's KeyError or size mismatch after it."""
+
+    def refuse(what: str) -> UnreadableStateError:
+        return UnreadableStateError(f"{path} does not hold this run's model ({what}): {way_out}")
+
+    weights = checkpoint["state"].get("weights")
+    if not isinstance(weights, dict):
+        if weights is None:
+            raise refuse("no 'weights' in its state")
+        raise refuse(f"its state's 'weights' is a {type(weights).__name__}")
+    missing = [name for name in expected if name not in weights]
+    extra = [name for name in weights if name not in expected]
+    if missing or extra:
+        parts = [f"lack {_names(missing)}"] if missing else []
+        parts += [f"have {_names(extra)}, which the model has not"] if extra else []
+        raise refuse("its weights " + " and ".join(parts))
+    for name, shape in expected.items():
+        value = weights[name]
+        if isinstance(value, torch.Tensor):
+            numeric, got = not value.dtype.is_complex, tuple(value.shape)
+        elif isinstance(value, (np.ndarray, np.generic)):  # a 0-d buffer (num_batches_tracked) is a numpy scalar
+            numeric, got = np.asarray(value).dtype.kind in "biuf", np.shape(value)
+        else:
+            raise refuse(f"weight '{name}' is a {type(value).__name__}, not an array")
+        if not numeric:
+            raise refuse(f"weight '{name}' holds {value.dtype}, not numbers")
+        if tuple(got) != tuple(shape):
+            raise refuse(f"weight '{name}' has shape {list(got)}, the model's is {list(shape)}")
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(repr(str(n)) for n in names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -13,24 +13,37 @@ from pathlib import Path
 from raysim.errors import RaysimError
 from raysim.reproduce.table_file import SCALES, Table, list_tables, load_table
 
-__all__ = ["Table", "list_tables", "load_table", "parse_seeds", "reproduce", "selection"]
+__all__ = ["Table", "check_cell_name", "list_tables", "load_table", "parse_seeds", "reproduce", "selection"]
+
+
+MAX_SEEDS = 1000  # seeds of one table: each is a run of every cell and method
 
 
 def parse_seeds(text: str | None, default: int) -> list[int]:
-    """'3' -> seeds 0, 1, 2; '0,2,5' -> those; '1-3' -> 1, 2, 3; None -> the table's number."""
+    """'3' -> seeds 0, 1, 2; '0,2,5' -> those; '1-3' -> 1, 2, 3; None -> the table's number.
+    More than MAX_SEEDS seeds are refused before any list of them is made."""
     if text is None:
         return list(range(default))
     text = text.strip()
     try:
         if "," in text:
             seeds = [int(s) for s in text.split(",") if s.strip()]
+            count = len(seeds)
         elif "-" in text[1:]:
-            low, high = text.split("-", 1)
-            seeds = list(range(int(low), int(high) + 1))
+            low, high = (int(s) for s in text.split("-", 1))
+            count = high - low + 1
         else:
-            seeds = list(range(int(text)))
+            low, high = 0, int(text) - 1
+            count = high + 1
     except ValueError:
         raise RaysimError(f"--seeds {text!r}: give a count (3), a list (0,1,2) or a range (0-2)") from None
+    if count > MAX_SEEDS:
+        raise RaysimError(
+            f"--seeds {text!r} asks for {count:,} seeds, each a run of every cell and method: "
+            f"give at most {MAX_SEEDS} (the papers use 3 to 5)"
+        )
+    if "," not in text:
+        seeds = list(range(low, high + 1))
     if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise RaysimError(f"--seeds {text!r}: give at least one seed, each once and not negative")
     return seeds
@@ -49,6 +62,25 @@ def selection(table: Table, chosen: str | None, known: dict, what: str) -> list[
     return [n for n in known if n in names]
 
 
+def check_cell_name(name: str, command: str) -> None:
+    """A table's cell named as TABLE:CELL:METHOD[:SCALE] (raysim run, raysim bench cell) at a scale
+    the cell has no config for: one line naming its scales in the form `command` takes (the
+    :SCALE part; --scale is raysim reproduce's option, not theirs)."""
+    parts = name.split(":")
+    if len(parts) not in (3, 4) or Path(name).exists() or "," in parts[1] or "," in parts[2]:
+        return  # not a cell, or one raysim.config.named refuses itself
+    table = load_table(parts[0])
+    cell = selection(table, parts[1], table.cells, "cell")[0]
+    scale = parts[3] if len(parts) == 4 else "cpu"
+    scales = list(table.cells[cell].config)
+    if scale not in scales:
+        forms = " or ".join(f"'{command} {':'.join([*parts[:3], s])}'" for s in scales)
+        raise RaysimError(
+            f"table {table.name}: cell {cell} has no {scale}-scale config (it has {', '.join(scales)}): "
+            f"name the scale as the cell's last part, {forms}"
+        )
+
+
 def reproduce(
     name: str,
     out: str | Path,
@@ -65,7 +97,7 @@ def reproduce(
     """Run the selection (skipping finished runs, resuming unfinished ones) and write the table.
     Returns the files written and the runs that failed (with their one-line errors)."""
     from raysim.reproduce.runs import execute, plan_runs
-    from raysim.reproduce.table_output import write_outputs
+    from raysim.reproduce.table_output import check_out, write_outputs
 
     if scale not in SCALES:
         raise RaysimError(f"--scale {scale!r}: choose {' or '.join(SCALES)}")
@@ -81,6 +113,7 @@ def reproduce(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise RaysimError(f"--out '{out}' is a file: give a new or existing folder for the table's runs")
+    check_out(out, table)  # table.md & co. can be written: refused now, not after the runs
     data_root = data_root or os.environ.get("RAYSIM_DATA")
     runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
     try:  # once every run's config is valid: a refused table leaves no folder behind

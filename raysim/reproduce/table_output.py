@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raysim.errors import RaysimError
 from raysim.reproduce.runs import PlannedRun, is_finished
 from raysim.reproduce.table_file import METRICS, Table
 from raysim.results import RunRecord, Stat, mb_moved, read_run, rounds_to, stat
@@ -155,6 +156,23 @@ def _paper_rounds(paper: dict[str, int | None], target: str) -> str:
     return "-" if paper[target] is None else str(paper[target])
 
 
+TABLE_FILES = ("table.md", "table.csv")
+
+
+def check_out(out: Path, table: Table) -> None:
+    """Before any run: the files the table is written to (table.md, table.csv, its figures) can be
+    written in --out, so that hours of runs never end in an error at the last step."""
+    from raysim.reproduce.curves import FIGURE_FILES
+
+    for name in (*TABLE_FILES, *(FIGURE_FILES[axis] for axis in table.figures)):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            raise RaysimError(
+                f"--out '{out}' holds a folder named {name}, where the table writes its {name}: "
+                "move or remove that folder, or choose another --out"
+            )
+
+
 def write_outputs(
     table: Table,
     scale: str,
@@ -172,9 +190,9 @@ def write_outputs(
     rows = method_rows(table, measured, cells, methods)
     orderings = ordering_rows(table, measured, cells, methods)
     rounds = rounds_rows(table, measured, cells, methods)
-    write_text(out / "table.md", markdown(table, scale, rows, orderings, rounds, command))
-    write_text(out / "table.csv", as_csv(table, scale, rows, orderings, rounds))
-    written = [out / "table.md", out / "table.csv"]
+    write_text(out / TABLE_FILES[0], markdown(table, scale, rows, orderings, rounds, command))
+    write_text(out / TABLE_FILES[1], as_csv(table, scale, rows, orderings, rounds))
+    written = [out / name for name in TABLE_FILES]
     if any(m.seeds for m in measured.values()):
         from raysim.reproduce.curves import FIGURE_FILES, write_curves
 
