@@ -192,7 +192,8 @@ def align_to(model: nn.Module, anchor: nn.Module, inputs: torch.Tensor | None = 
             cost = _squared_distances(_rows(ref, name, ref[wkey]), _rows(state, name, w))
         else:  # ... or of the activations
             cost = _squared_distances(acts[1][name], acts[0][name])
-        perm = torch.as_tensor(linear_sum_assignment(cost.numpy())[1])  # step 3: anchor j <- model perm[j]
+        # step 3: anchor j <- model perm[j] (solved on the host; the permutation goes back to the weights' device)
+        perm = torch.as_tensor(linear_sum_assignment(cost.detach().cpu().numpy())[1], device=w.device)
         keys = [wkey, _key(name, "bias")] + [_key(n, k) for n in norms for k in _NORM_KEYS]
         for key in keys:
             if key in state:
