@@ -79,6 +79,19 @@ def ray_session():
     ray.shutdown()
 
 
+def one_client_runtime(config, state_dir: Path):
+    """The experiment of `config` prepared in this process, and a client runtime holding its client 0."""
+    from raysim.engine.client_actor import ClientRuntime
+    from raysim.runner import prepare
+
+    exp = prepare(config)
+    train = exp.dataset
+    runtime = ClientRuntime(
+        config, exp.spec, train.train_x, train.train_y, {0: exp.parts[0]}, exp.mean, exp.std, str(state_dir)
+    )
+    return exp, runtime
+
+
 def tiny_overrides(**extra) -> list[str]:
     """A small, fast experiment on the embedded dataset, on 2 client actors."""
     base = {

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from raysim.outputs.state_files import load_state
-from tests.conftest import tiny_overrides
+from tests.conftest import one_client_runtime, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CONDENSATION = {
@@ -30,22 +30,10 @@ def fedaf(**extra):
 def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     """Round 2 starts from the set round 1 produced: with image lr 0 it must come back unchanged."""
     from raysim.config.load import load_config
-    from raysim.engine.client_actor import ClientRuntime
     from raysim.registry import make_algorithm
-    from raysim.runner import prepare
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**fedaf()))
-    exp = prepare(config)
-    runtime = ClientRuntime(
-        config,
-        exp.spec,
-        exp.dataset.train_x,
-        exp.dataset.train_y,
-        {0: exp.parts[0]},
-        exp.mean,
-        exp.std,
-        str(tmp_path / "state"),
-    )
+    exp, runtime = one_client_runtime(config, tmp_path / "state")
     torch.manual_seed(0)
     state = make_algorithm(config).server_init(exp.spec.build(), runtime.ctx)
     payload = make_algorithm(config).broadcast(state, 1, [0])

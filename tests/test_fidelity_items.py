@@ -11,7 +11,7 @@ import torch
 
 from raysim.config.load import load_config
 from raysim.errors import RaysimError
-from tests.conftest import tiny_overrides
+from tests.conftest import one_client_runtime, tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series
 from tests.test_oneshot_as_authors_ran import algorithm, fake_ctx, write_parquet_dataset
 
@@ -147,22 +147,10 @@ TINY_FEDAF = {
 
 def fedaf_runtime(tmp_path: Path, **extra):
     """A client runtime (no Ray) of a tiny FedAF run, and a round-2 payload whose V covers every class."""
-    from raysim.engine.client_actor import ClientRuntime
     from raysim.registry import make_algorithm
-    from raysim.runner import prepare
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**{**TINY_FEDAF, **extra}))
-    exp = prepare(config)
-    runtime = ClientRuntime(
-        config,
-        exp.spec,
-        exp.dataset.train_x,
-        exp.dataset.train_y,
-        {0: exp.parts[0]},
-        exp.mean,
-        exp.std,
-        str(tmp_path / "state"),
-    )
+    exp, runtime = one_client_runtime(config, tmp_path / "state")
     torch.manual_seed(0)
     server = make_algorithm(config)
     payload = server.broadcast(server.server_init(exp.spec.build(), runtime.ctx), 2, [0])
