@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import uuid
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from raysim.config import Config, dump_config
 from raysim.config.load import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
+from raysim.data.identity import DataIdentity, array_digest, identity_of
 from raysim.errors import RaysimError, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
@@ -41,6 +41,7 @@ class Experiment:
     spec: ModelSpec
     mean: np.ndarray
     std: np.ndarray
+    data: DataIdentity  # what was read (before any validation split): recorded in the run directory
     data_digest: str | None = None  # for algorithms with needs_data_digest (ctx.data_digest)
 
 
@@ -52,7 +53,7 @@ def prepare(config: Config) -> Experiment:
             f"(set dataset.name, e.g. dataset.name=fashion_mnist, to read files under that root)",
             file=sys.stderr,
         )
-    dataset = load_dataset(config.dataset.name, config.dataset.root, config.dataset.image_size)
+    dataset, identity = read_data(config)
     if config.eval.split == "validation":  # the same held-out images for every seed (seeded by 0)
         dataset = with_validation_split(dataset, config.eval.validation_fraction, numpy_rng(0, VALIDATION))
     p = config.partition
@@ -79,9 +80,40 @@ def prepare(config: Config) -> Experiment:
     check_models(spec)
     mean, std = normalisation(config, dataset)
     digest = data_digest(dataset, parts) if algorithm_class(config.algorithm.name).needs_data_digest else None
-    return Experiment(
-        config, dataset, parts, class_counts(dataset.train_y, parts, dataset.num_classes), spec, mean, std, digest
-    )
+    counts = class_counts(dataset.train_y, parts, dataset.num_classes)
+    return Experiment(config, dataset, parts, counts, spec, mean, std, identity, digest)
+
+
+def read_data(config: Config) -> tuple[ArrayDataset, DataIdentity]:
+    """The config's dataset, checked against what its name promises (unless dataset.verify is
+    false), and its identity."""
+    d = config.dataset
+    dataset = load_dataset(d.name, d.root, d.image_size, verify=d.verify)
+    return dataset, identity_of(dataset, d.name)
+
+
+def check_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
+    """A run continues only on the data it started on: one line naming both if they differ."""
+    recorded = run_dir.read_data()
+    if recorded is not None and recorded.digest != identity.digest:
+        raise RaysimError(
+            f"'{run_dir}' ran on {recorded.describe()}, but the data at hand (dataset.root={root}) are "
+            f"{identity.describe()}: give the folder of the data it ran on, or start a new run"
+        )
+
+
+def record_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
+    """data.json at the run's start; a resumed run is checked against it first. A run that records
+    none (made before raysim recorded its data) cannot be checked: said in one line, then recorded."""
+    check_data(run_dir, identity, root)
+    if run_dir.read_data() is None:
+        if run_dir.checkpoint_file.exists() or run_dir.previous_checkpoint_file.exists():
+            print(
+                f"note: '{run_dir}' records no data (made by an older raysim): the data at hand, "
+                f"{identity.describe()}, are recorded now and cannot be checked against what it ran on",
+                file=sys.stderr,
+            )
+        run_dir.write_data(identity)
 
 
 def normalisation(config: Config, dataset: ArrayDataset) -> tuple[np.ndarray, np.ndarray]:
@@ -100,11 +132,7 @@ def normalisation(config: Config, dataset: ArrayDataset) -> tuple[np.ndarray, np
 
 def data_digest(dataset: ArrayDataset, parts: list[np.ndarray]) -> str:
     """A hash of exactly what the clients train on: the training arrays and each client's indices."""
-    h = hashlib.blake2b(digest_size=16)
-    for array in (dataset.train_x, dataset.train_y, *parts):
-        h.update(str(array.shape).encode())
-        h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
-    return h.hexdigest()
+    return array_digest(dataset.train_x, dataset.train_y, *parts)
 
 
 def check_models(spec: ModelSpec) -> None:
@@ -260,16 +288,25 @@ def run_experiment(
     with the same results (progress bars, Tune reports, benchmarks, fault tests). Their
     `on_run_start` gets the client actors once they are up.
     """
+    exp = experiment or prepare(config)
+    run_dir = RunDir(run_dir)
+    with owning(run_dir):
+        record_data(run_dir, exp.data, config.dataset.root)  # before Ray starts: a refusal is one line
+        return _drive(config, exp, run_dir, address, callbacks)
+
+
+def _drive(
+    config: Config, exp: Experiment, run_dir: RunDir, address: str | None, callbacks: list[Callback]
+) -> dict[str, Any]:
+    """The round loop on Ray (or in process), with run_dir's lock held."""
     import ray
 
     from raysim import compiled, precision
     from raysim.engine.ray_session import ray_session
 
-    exp = experiment or prepare(config)
     res = config.resources
-    run_dir = RunDir(run_dir)
     # in process, the run's actors set this process's precision and compile setting: given back afterwards
-    with owning(run_dir), ray_session(res, address), precision.kept(), compiled.kept():
+    with ray_session(res, address), precision.kept(), compiled.kept():
         check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
         if res.in_process:
             server, actors, refs = _in_process(config, exp, run_dir)

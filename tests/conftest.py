@@ -79,6 +79,15 @@ def ray_session():
     ray.shutdown()
 
 
+def experiment_without_data():
+    """What runner.prepare returns, for tests that stop at Ray's start: no data, only its record."""
+    from types import SimpleNamespace
+
+    from raysim.data.identity import DataIdentity
+
+    return SimpleNamespace(data=DataIdentity("embedded", "0" * 32, 10, 2, 28, 1, 10))
+
+
 def one_client_runtime(config, state_dir: Path):
     """The experiment of `config` prepared in this process, and a client runtime holding its client 0."""
     from raysim.engine.client_actor import ClientRuntime

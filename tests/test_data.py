@@ -119,7 +119,7 @@ def _make_folder(root: Path, test_split="test") -> None:
 
 def test_image_folder(tmp_path):
     _make_folder(tmp_path / "d")
-    ds = load_dataset("cifar10", tmp_path / "d")
+    ds = load_dataset("cifar10", tmp_path / "d", verify=False)
     assert ds.classes == ["cat", "dog"]
     assert ds.train_x.shape == (6, 8, 8, 1) and ds.test_x.shape == (4, 8, 8, 1)
     assert ds.train_y.tolist() == [0, 0, 0, 1, 1, 1]
@@ -133,17 +133,17 @@ def test_image_folder_uses_valid_when_no_test_and_resizes_mixed_sizes(tmp_path):
     _make_folder(root, test_split="valid")
     _png(root / "train" / "cat" / "big.png", 50, size=(12, 12), mode="RGB")
     _raises_one_line("image_size", "cinic10", root)
-    ds = load_dataset("cinic10", root, image_size=8)
+    ds = load_dataset("cinic10", root, image_size=8, verify=False)
     assert ds.train_x.shape == (7, 8, 8, 3) and ds.test_x.shape == (4, 8, 8, 3)  # one colour image -> all RGB
 
 
 def test_cache_invalidated_when_source_changes(tmp_path):
     root = tmp_path / "d"
     _make_folder(root)
-    before = load_dataset("mnist", root)
+    before = load_dataset("mnist", root, verify=False)
     _png(root / "train" / "cat" / "0.png", value=99)
     clear_memory_cache()
-    after = load_dataset("mnist", root)
+    after = load_dataset("mnist", root, verify=False)
     assert before.train_x[0, 0, 0, 0] == 10 and after.train_x[0, 0, 0, 0] == 99
 
 
@@ -191,12 +191,12 @@ def test_torchvision_mnist_root(tmp_path):
     _idx_images(raw / "t10k-images-idx3-ubyte", x_test)
     _idx_labels(raw / "t10k-labels-idx1-ubyte", y_test)
 
-    ds = load_dataset("mnist", tmp_path / "tv")
+    ds = load_dataset("mnist", tmp_path / "tv", verify=False)
     assert ds.train_x.shape == (12, 28, 28, 1) and ds.test_x.shape == (5, 28, 28, 1)
     assert np.array_equal(ds.train_x[..., 0], x_train) and ds.train_y.tolist() == y_train.tolist()
     assert ds.classes == [str(i) for i in range(10)]
     # pointing at MNIST/ itself works too
-    assert np.array_equal(load_dataset("mnist", tmp_path / "tv" / "MNIST").test_x[..., 0], x_test)
+    assert np.array_equal(load_dataset("mnist", tmp_path / "tv" / "MNIST", verify=False).test_x[..., 0], x_test)
 
     (raw / "t10k-labels-idx1-ubyte").unlink()
     clear_memory_cache()
@@ -227,7 +227,7 @@ def test_parquet_shards_and_fine_label(tmp_path):
     shard(tmp_path / "data" / "train-00000-of-00002.parquet", [0, 5])
     shard(tmp_path / "data" / "train-00001-of-00002.parquet", [99])
     shard(tmp_path / "data" / "test-00000-of-00001.parquet", [7])
-    ds = load_dataset("cifar100", tmp_path)
+    ds = load_dataset("cifar100", tmp_path, verify=False)
     assert ds.num_classes == 100 and ds.classes[99] == "worm"
     assert ds.train_y.tolist() == [0, 5, 99] and ds.train_x.shape == (3, 4, 4, 3)
     assert ds.train_x[2, 0, 0].tolist() == [99, 99, 99]

@@ -27,6 +27,7 @@ def transfer_set(tmp_path):
         "algorithm.name": "feddf",
         "algorithm.distill_dataset": "cifar10",
         "algorithm.distill_root": str(tmp_path / "cifar10"),
+        "dataset.verify": False,  # random images stand in for CIFAR-10
     }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import tiny_overrides
+from tests.conftest import experiment_without_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -315,7 +315,7 @@ def test_a_cluster_that_does_not_answer_is_one_line_and_the_run_directory_goes(t
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", unreachable)
-    monkeypatch.setattr(raysim.runner, "prepare", lambda config: object())  # no data: Ray is next
+    monkeypatch.setattr(raysim.runner, "prepare", lambda config: experiment_without_data())  # Ray is next
     out = tmp_path / "out"
     assert main(["run", str(QUICKSTART), "--out", str(out), "--address", "ray://203.0.113.7:10001"]) == 2
     assert_says(one_line(capfd), "cannot connect to the Ray cluster at ray://203.0.113.7:10001", "ray status")

@@ -228,6 +228,7 @@ def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_p
         "algorithm.distill_dataset": "cifar10",
         "algorithm.distill_root": str(tmp_path / "cifar10"),
         "algorithm.transfer_pool": "growing",  # the pool this test reads (the whole-set stream: test_fidelity_items)
+        "dataset.verify": False,  # random images stand in for CIFAR-10
     }
     feddf = algorithm(**source)
     p = feddf.params
@@ -269,7 +270,11 @@ def test_ot_fusion_aligns_by_activations_on_unlabelled_images_by_default(tmp_pat
     rng = np.random.default_rng(1)
     write_parquet_dataset(tmp_path / "mnist", rng.integers(0, 256, (30, 28, 28, 1), dtype=np.uint8), np.arange(30) % 10)
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
-    source = {"algorithm.name": "ot_fusion", "algorithm.activation_root": str(tmp_path / "mnist")}
+    source = {
+        "algorithm.name": "ot_fusion",
+        "algorithm.activation_root": str(tmp_path / "mnist"),
+        "dataset.verify": False,  # random images stand in for MNIST
+    }
     ot = algorithm(**source, **{"algorithm.activation_dataset": "mnist"})
     assert (ot.params.alignment, ot.params.activation_samples) == ("activations", 200)
     inputs = ot.activation_inputs(fake_ctx())

@@ -203,5 +203,7 @@ class FedDF(DataFreeDistillation):
     def transfer_images(self, ctx) -> np.ndarray:
         if self._transfer is None:
             name, root = self.transfer_source(self.config, self.params)
-            self._transfer = load_transfer_images(name, root, ctx.spec.image_size, ctx.spec.in_channels, KEYS)
+            self._transfer = load_transfer_images(
+                name, root, ctx.spec.image_size, ctx.spec.in_channels, KEYS, self.config.dataset.verify
+            )
         return self._transfer

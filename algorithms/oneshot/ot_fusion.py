@@ -86,7 +86,9 @@ class OTFusion(OneShot):
         """`activation_samples` of the unlabelled images, drawn once (seeded), as model inputs."""
         p = self.params
         name, root = transfer_source(self.config, p.activation_dataset, p.activation_root, KEYS)
-        images = load_transfer_images(name, root, ctx.spec.image_size, ctx.spec.in_channels, KEYS)
+        images = load_transfer_images(
+            name, root, ctx.spec.image_size, ctx.spec.in_channels, KEYS, self.config.dataset.verify
+        )
         pick = numpy_rng(self.config.seed, SERVER, "ot_activations").permutation(len(images))[: p.activation_samples]
         pixels = torch.from_numpy(images[np.sort(pick)]).to(ctx.device).float() / 255.0
         mean = torch.as_tensor(ctx.mean, dtype=torch.float32, device=ctx.device).view(1, -1, 1, 1)

@@ -71,13 +71,16 @@ def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, st
     return name, root
 
 
-def load_transfer_images(name: str, root: str, image_size: int, channels: int, keys: str) -> np.ndarray:
-    """The training images of dataset `name` at `root`, as (N, channels, size, size) uint8."""
+def load_transfer_images(
+    name: str, root: str, image_size: int, channels: int, keys: str, verify: bool = True
+) -> np.ndarray:
+    """The training images of dataset `name` at `root`, as (N, channels, size, size) uint8; `verify`
+    (dataset.verify): refuse images that are not what the name promises."""
     from raysim.data import load_dataset
 
     dataset_key, root_key = keys.split("/")
     try:
-        data = load_dataset(name, root, None)
+        data = load_dataset(name, root, None, verify=verify)
     except RaysimError as error:
         raise RaysimError(
             f"the unlabelled images ({name} at {root}) cannot be read: set algorithm.{root_key} to their "

@@ -25,6 +25,9 @@ class DatasetConfig:
     # Set both to reproduce a paper's fixed constants (DynaFed's code: FMNIST with MNIST's 0.1307/0.3081).
     mean: list[float] | None = None
     std: list[float] | None = None
+    # Refuse data that are not what dataset.name promises (channels, size, classes, image counts,
+    # pixel mean: raysim.data.known); false for a known dataset altered on purpose.
+    verify: bool = True
 
 
 @dataclass(frozen=True)

@@ -170,12 +170,6 @@ def get_or_build(name: str, source: Source, image_size: int | None) -> ArrayData
     return ds
 
 
-def memo_get(key: tuple) -> ArrayDataset | None:
-    """Nothing: a dataset is never served by its name and root alone, as its files may have
-    changed since; get_or_build serves the memoised one once the files' content matches."""
-    return None
-
-
 def memo_put(key: tuple, ds: ArrayDataset) -> ArrayDataset:
     _MEMO[key] = (_FINGERPRINTS.get(ds), freeze(ds))  # replaces what the same files held before
     return ds

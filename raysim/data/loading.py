@@ -6,9 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raysim.data.arrays import ArrayDataset
-from raysim.data.cache import get_or_build, memo_get, memo_put
+from raysim.data.cache import get_or_build, memo_put
 from raysim.data.embedded import embedded_source
 from raysim.data.image_folder import find_domainnet, find_image_folder
+from raysim.data.known import PROMISES, check_promise
 from raysim.data.parquet import find_parquet
 from raysim.data.source import Source
 from raysim.data.torchvision_root import SPECS, find_torchvision
@@ -34,16 +35,10 @@ _LAYOUTS: dict[str, tuple[str, ...]] = {
     "cinic10": ("image_folder", "parquet"),
     "domainnet": ("domainnet",),
 }
-_WHAT = {
-    "embedded": "10,000/2,000-image class-stratified Fashion-MNIST sample shipped with raysim (28x28 grey, 10 classes)",
-    "mnist": "MNIST handwritten digits (28x28 grey, 10 classes, 60k/10k)",
-    "fashion_mnist": "Fashion-MNIST clothing (28x28 grey, 10 classes, 60k/10k)",
-    "cifar10": "CIFAR-10 (32x32 RGB, 10 classes, 50k/10k)",
-    "cifar100": "CIFAR-100 fine labels (32x32 RGB, 100 classes, 50k/10k)",
-    "svhn": "SVHN cropped digits (32x32 RGB, 10 classes, 73k/26k)",
-    "cinic10": "CINIC-10 (32x32 RGB, CIFAR-10 classes, ImageNet+CIFAR images; valid/ used only if no test/)",
-    "domainnet": "DomainNet-style domain-skew data (RGB, resized to image_size, default 64; one domain per folder)",
-}
+# What each name is (prose for `raysim data list` and errors); the facts come from its promise.
+_WHAT = {name: f"{p.what} ({p.shape_text()})" for name, p in PROMISES.items()}
+_WHAT["cinic10"] += ": ImageNet+CIFAR images; valid/ used only if no test/"
+_WHAT["domainnet"] = "DomainNet-style domain-skew data (RGB, resized to image_size, default 64; one domain per folder)"
 _FOLDER_HINT = "train/<class>/*.png and test/<class>/*.png"
 _PARQUET_HINT = "train.parquet/test.parquet (Hugging Face layout)"
 
@@ -114,21 +109,23 @@ def _locate(name: str, root: str | Path | None, image_size: int | None) -> Sourc
     raise RaysimError(f"{name}: no data under {root}: put {_hint(name)} there")
 
 
-def load_dataset(name: str, root: str | None = None, image_size: int | None = None) -> ArrayDataset:
+def load_dataset(
+    name: str, root: str | None = None, image_size: int | None = None, verify: bool = True
+) -> ArrayDataset:
     """Load a dataset as uint8 arrays, decoding once and caching (see raysim.data.cache).
 
     ``root`` is ignored for ``embedded``.  ``image_size`` resizes every image to
-    image_size x image_size (default: native size; 64 for domainnet).  The
-    returned arrays are read-only and shared with later calls in this process.
+    image_size x image_size (default: native size; 64 for domainnet).  ``verify``: refuse, in one
+    line, data that are not what the name promises (raysim.data.known).  The returned arrays are
+    read-only and shared with later calls in this process.
     """
     name = _normalise_name(name)
     image_size = _check_image_size(image_size)
     if name == "domainnet" and image_size is None:
         image_size = DOMAINNET_DEFAULT_SIZE
     root_key = None if name == "embedded" or root is None else str(Path(str(root)).expanduser().resolve())
-    key = (name, root_key, image_size)
-    ds = memo_get(key)
-    if ds is not None:
-        return ds
     source = embedded_source(image_size) if name == "embedded" else _locate(name, root, image_size)
-    return memo_put(key, get_or_build(name, source, image_size))
+    dataset = memo_put((name, root_key, image_size), get_or_build(name, source, image_size))
+    if verify:
+        check_promise(dataset, name, image_size, source.where or str(root))
+    return dataset

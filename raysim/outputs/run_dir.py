@@ -1,6 +1,7 @@
 """The run directory: the one place that names its files, and writes and reads them.
 
     config.yaml                the run's config (written once its actors are up)
+    data.json                  what data it runs on (raysim.data.identity), written at its start
     metrics.parquet            one row per (round, client or none, metric)
     summary.json               the run's figures, rewritten after every round
     actors.yaml                where each client actor ran and which clients it hosted
@@ -26,12 +27,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysim.errors import RaysimError
 from raysim.outputs.files import atomic_write, refuse_link, write_json, write_text
 
+if TYPE_CHECKING:
+    from raysim.data.identity import DataIdentity
+
 CONFIG = "config.yaml"
+DATA = "data.json"
 METRICS = "metrics.parquet"
 SUMMARY = "summary.json"
 ACTORS = "actors.yaml"
@@ -65,6 +70,10 @@ class RunDir:
     @property
     def config_file(self) -> Path:
         return self.path / CONFIG
+
+    @property
+    def data_file(self) -> Path:
+        return self.path / DATA
 
     @property
     def metrics_file(self) -> Path:
@@ -108,8 +117,8 @@ class RunDir:
         return self.config_file.is_file()
 
     def is_unstarted(self) -> bool:
-        """Nothing ran here: the folder holds no more than its config and lock."""
-        return self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {CONFIG, LOCK}
+        """Nothing ran here: the folder holds no more than its config, data record and lock."""
+        return self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {CONFIG, DATA, LOCK}
 
     def refuse_links(self) -> None:
         """One line if the folder, or a folder raysim (or TensorBoard) writes into, is a symbolic
@@ -124,13 +133,16 @@ class RunDir:
                     refuse_link(entry)
 
     def remove_unstarted(self) -> None:
-        for name in (CONFIG, LOCK):
+        for name in (CONFIG, DATA, LOCK):
             (self.path / name).unlink(missing_ok=True)
         self.path.rmdir()
 
     # ------------------------------------------------------------ writers
     def write_config(self, text: str) -> None:
         write_text(self.config_file, text)
+
+    def write_data(self, identity: DataIdentity) -> None:
+        write_json(self.data_file, identity.to_dict())
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.summary_file, summary)
@@ -189,6 +201,18 @@ class RunDir:
         """Rounds the checkpoint holds (reading it checks it: safe to load, not damaged)."""
         checkpoint = self.read_checkpoint()
         return 0 if checkpoint is None else int(checkpoint["round"])
+
+    def read_data(self) -> DataIdentity | None:
+        """The data the run was started on (data.json), None for a run that records none."""
+        from raysim.data.identity import DataIdentity
+
+        if not self.data_file.is_file():
+            return None
+        try:
+            data = json.loads(self.data_file.read_text())
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        return DataIdentity.from_dict(data, str(self.data_file))
 
     def read_summary(self) -> dict[str, Any]:
         """summary.json as written, {} if the run has none yet; a damaged one is refused in one line."""

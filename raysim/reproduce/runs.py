@@ -81,7 +81,8 @@ def plan_runs(
 # Settings that never change a run's numbers (tested: equal across actor counts and in-process):
 # a finished run made with other values of these still counts; any other difference is refused.
 NEUTRAL_KEYS = {
-    "dataset.root",  # where the same data lie on this machine
+    "dataset.root",  # where the same data lie on this machine (the data themselves: data.json, checked)
+    "dataset.verify",
     "resources.actors",
     "resources.in_process",
     "resources.address",
@@ -132,6 +133,10 @@ def run_state(run: PlannedRun) -> str:
             f"'{run.run_dir}' holds a run of another config than the table's ({shown}"
             f"{', ...' if len(differing) > 3 else ''}): remove that folder, or give another --out"
         )
+    if run.run_dir.read_data() is not None:  # the data at hand are those it ran on (or one line)
+        from raysim.runner import check_data, read_data
+
+        check_data(run.run_dir, read_data(run.config)[1], run.config.dataset.root)
     return "finished" if is_finished(run) else "unfinished"
 
 
