@@ -140,3 +140,83 @@ def test_a_sigkilled_driver_leaves_no_ray_processes_behind(tmp_path):
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_a_driver_killed_as_rays_agents_start_leaves_none_of_them_behind():
+    """Issue 59 item 6: the driver kills itself the moment Ray's agents appear (inside ray.init, or
+    just after it); the watcher, started before Ray, stops them within seconds (Ray 2.60 leaves
+    them for about 80 s)."""
+    import json
+    import signal
+
+    import psutil
+
+    script = """
+import json, os, signal, threading, time
+import psutil
+from raysim.config import ResourcesConfig
+from raysim.engine.ray_session import ray_session
+
+def kill_when_agents_start():
+    me = psutil.Process()
+    while True:
+        found = []
+        for child in me.children(recursive=True):
+            try:  # an agent: its title, or its script before it sets one (the raylet's arguments name them too)
+                name, command = child.name(), child.cmdline()
+                agent = "Agent" in name or any(arg.endswith(("agent.py", "agent/main.py")) for arg in command[:3])
+                found.append((child.pid, child.create_time(), " ".join([name, *command]), agent))
+            except psutil.Error:
+                pass
+        if any(agent for *_, agent in found):
+            print(json.dumps([entry for entry in found if "reaper" not in entry[2]]), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.005)
+
+threading.Thread(target=kill_when_agents_start, daemon=True).start()
+with ray_session(ResourcesConfig(num_cpus=1, object_store_mb=80)):
+    time.sleep(120)
+"""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "RAY_ADDRESS": ""},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    processes = []
+    try:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL, out
+        started = json.loads(out)  # Ray's processes when the driver was killed: [pid, start time, command, agent]
+        assert any(agent for *_, agent in started), started
+        processes = [p for p in (_process(pid, created) for pid, created, *_ in started) if p is not None]
+
+        def left() -> list[str]:
+            return [p.name() for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+        deadline = time.time() + 20
+        while left() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not left(), f"still running 20 s after the driver was killed: {left()}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        for p in processes:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def _process(pid: int, created: float):
+    """The process `pid` if it is still the one started at `created` (else None: it ended)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return process if abs(process.create_time() - created) < 1e-3 else None
+    except psutil.Error:
+        return None

@@ -26,43 +26,49 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         yield
         return
     target = cluster_address(resources, address)
-    children_before = _children()
-    if target:
-        try:
-            # Ray's own warnings while it retries (its core's, once a second; Ray Client's) would sit
-            # beside the one line below: held back, and passed on only if the cluster answers
-            with _stderr_held() as held, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Ray Client connection timed out", category=UserWarning)
-                ray.init(address=target, logging_level=logging.WARNING)
-                held.passed_on = True
-        except (OSError, RuntimeError, ValueError) as exc:  # ConnectionError, TimeoutError: nothing answers there
-            if ray.is_initialized():
-                ray.shutdown()
-            raise RaysimError(
-                f"cannot connect to the Ray cluster at {target} ({type(exc).__name__}: {first_line(exc)}): check "
-                "the address and that the cluster is up ('ray status' on its head node) and reachable from here, "
-                "or leave out --address (and RAY_ADDRESS) to run on a private local Ray"
-            ) from None
-    else:
-        # A private Ray on this machine, stopped with the run: Ray's notice that it turned token
-        # authentication on is nothing the user can act on, and it would sit beside our one-line errors.
-        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        ray.init(
-            address="local",
-            num_cpus=resources.num_cpus or os.cpu_count(),
-            num_gpus=resources.num_gpus,  # None: the GPUs Ray detects
-            include_dashboard=False,
-            object_store_memory=resources.object_store_mb * 2**20,
-            logging_level=logging.WARNING,
-        )
-    watcher = None if target else _watch_private_ray(children_before)
+    # a private Ray is watched from before its start: its processes are stopped should the driver die
+    watcher = None if target else _watch_private_ray()
     try:
+        if target:
+            _connect(target)
+        else:
+            # Ray's notice that it turned token authentication on is nothing the user can act on, and
+            # it would sit beside our one-line errors.
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+            ray.init(
+                address="local",
+                num_cpus=resources.num_cpus or os.cpu_count(),
+                num_gpus=resources.num_gpus,  # None: the GPUs Ray detects
+                include_dashboard=False,
+                object_store_memory=resources.object_store_mb * 2**20,
+                logging_level=logging.WARNING,
+            )
         yield
     finally:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
         if watcher is not None:  # closing its pipe: it finds nothing left and exits
             watcher.stdin.close()
             watcher.wait(timeout=30)
+
+
+def _connect(target: str) -> None:
+    """Attach to the cluster at `target`, or one line saying it does not answer."""
+    try:
+        # Ray's own warnings while it retries (its core's, once a second; Ray Client's) would sit
+        # beside the one line below: held back, and passed on only if the cluster answers
+        with _stderr_held() as held, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Ray Client connection timed out", category=UserWarning)
+            ray.init(address=target, logging_level=logging.WARNING)
+            held.passed_on = True
+    except (OSError, RuntimeError, ValueError) as exc:  # ConnectionError, TimeoutError: nothing answers there
+        if ray.is_initialized():
+            ray.shutdown()
+        raise RaysimError(
+            f"cannot connect to the Ray cluster at {target} ({type(exc).__name__}: {first_line(exc)}): check "
+            "the address and that the cluster is up ('ray status' on its head node) and reachable from here, "
+            "or leave out --address (and RAY_ADDRESS) to run on a private local Ray"
+        ) from None
 
 
 class _Held:
@@ -136,19 +142,15 @@ def check_address(address: str | None, source: str = "--address") -> str | None:
     return address
 
 
-def _children() -> set[int]:
-    import psutil
-
-    return {child.pid for child in psutil.Process().children(recursive=True)}
-
-
-def _watch_private_ray(children_before: set[int]):
+def _watch_private_ray():
     """A watcher that stops this private Ray's processes should the driver die without shutting it
     down (raysim.engine.reaper); None where it cannot start (the run goes on without it)."""
+    import psutil
+
     from raysim.engine import reaper
 
     try:
-        return reaper.start(reaper.ray_processes_started_since(children_before))
+        return reaper.start({child.pid for child in psutil.Process().children(recursive=True)})
     except OSError:
         return None
 
