@@ -229,6 +229,9 @@ class Algorithm:
     # True when clients may have architectures of their own (clients.models); an algorithm that
     # averages weights needs one architecture and says so before Ray starts.
     supports_client_models: ClassVar[bool] = False
+    # Server-state entries holding one array per model parameter (SCAFFOLD's control variate): a
+    # resumed checkpoint's are checked against the model before Ray starts, as its weights are.
+    per_parameter_state: ClassVar[tuple[str, ...]] = ()
     # True when the server needs ctx.data_digest (hashing the training data costs ~0.2 s on CIFAR-10).
     needs_data_digest: ClassVar[bool] = False
     # `raysim bench cell`: the config keys that count repeated work (epochs, steps, iterations), each

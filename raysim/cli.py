@@ -23,7 +23,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from raysim.outputs.run_dir import RunDir
-    from raysim.outputs.run_lock import lock_run_dir
+    from raysim.outputs.run_lock import lock_run_dir, unlock_and_remove
     from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
     _check_address(args.address)  # before anything is read or created
@@ -35,20 +35,16 @@ def _run(args: argparse.Namespace) -> int:
         config = (
             resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
         )
+        had_lock_file = os.path.lexists(run_dir.lock_file)
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
-        checkpoint = run_dir.read_checkpoint()  # an unreadable checkpoint is refused here, before Ray starts
-        done = 0 if checkpoint is None else int(checkpoint["round"])
-        if done >= config.rounds:
-            print(
-                f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
-                f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
-            )
+        try:
+            experiment = _resumable(run_dir, config)
+        except RaysimError:
+            if not had_lock_file:  # refused: the directory is left as it was received
+                unlock_and_remove(run_dir)
+            raise
+        if experiment is None:
             return 0
-        from raysim.runner import prepare
-
-        experiment = prepare(config)
-        if checkpoint is not None:
-            _check_checkpoint_model(run_dir, checkpoint, experiment)
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
@@ -82,6 +78,27 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _resumable(run_dir, config):
+    """The experiment a resume continues, after every check that needs no Ray (the checkpoint is
+    readable and holds this run's model, the data at hand are those it ran on); None when the run
+    has finished all its rounds (said on stdout)."""
+    from raysim.runner import check_data, prepare
+
+    checkpoint = run_dir.read_checkpoint()  # an unreadable checkpoint is refused here, before Ray starts
+    done = 0 if checkpoint is None else int(checkpoint["round"])
+    if done >= config.rounds:
+        print(
+            f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
+            f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
+        )
+        return None
+    experiment = prepare(config)
+    check_data(run_dir, experiment.data, config.dataset.root)
+    if checkpoint is not None:
+        _check_checkpoint_model(run_dir, checkpoint, experiment)
+    return experiment
+
+
 def _check_address(address: str | None) -> None:
     """--address in a form Ray takes (HOST:PORT, ray://HOST:PORT, auto, local): one line before any
     work, not a traceback from ray.init after the run directory was made."""
@@ -93,25 +110,30 @@ def _check_address(address: str | None) -> None:
 
 def _check_checkpoint_model(run_dir, checkpoint: dict, experiment) -> None:
     """The checkpoint's global weights are this run's model's (names, shapes, numbers), where the
-    run's algorithm keeps them in state['weights'] (every algorithm that keeps Algorithm.global_weights)."""
-    from raysim.algorithm import Algorithm
-    from raysim.outputs.state_files import check_global_weights
-    from raysim.registry import algorithm_class
-
-    if algorithm_class(experiment.config.algorithm.name).global_weights is not Algorithm.global_weights:
-        return  # an algorithm that keeps its global model elsewhere: its own code reads the state
+    run's algorithm keeps them in state['weights'] (every algorithm that keeps Algorithm.global_weights),
+    and so are the algorithm's per-parameter state entries (Algorithm.per_parameter_state)."""
     import torch
 
+    from raysim.algorithm import Algorithm
+    from raysim.outputs.state_files import check_model_arrays
+    from raysim.registry import algorithm_class
+
+    cls = algorithm_class(experiment.config.algorithm.name)
     with torch.random.fork_rng(devices=[]):  # the shapes only: the driver's random stream is left as it was
         model = experiment.spec.build("cpu")
-    expected = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    parameters = {name: tuple(value.shape) for name, value in model.named_parameters()}
+    expected = {key: parameters for key in cls.per_parameter_state}
+    if cls.global_weights is Algorithm.global_weights:  # else its own code keeps the global model elsewhere
+        expected["weights"] = {name: tuple(value.shape) for name, value in model.state_dict().items()}
     last = run_dir.checkpoint_file
-    check_global_weights(
-        checkpoint,
-        expected,
-        last if last.exists() else run_dir.previous_checkpoint_file,  # the one read_checkpoint read
-        "it comes from another run or was edited: put back this run's own checkpoint, or start a fresh run",
-    )
+    for key, shapes in expected.items():
+        check_model_arrays(
+            checkpoint,
+            key,
+            shapes,
+            last if last.exists() else run_dir.previous_checkpoint_file,  # the one read_checkpoint read
+            "it comes from another run or was edited: put back this run's own checkpoint, or start a fresh run",
+        )
 
 
 def _resume_config_without_code(run_dir, overrides: list[str]):

@@ -19,6 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import experiment_without_data, tiny_overrides
@@ -338,21 +339,27 @@ def test_what_ray_writes_while_it_connects_is_passed_on_once_the_cluster_answers
     "case, words",
     [
         ("no weights", ("no 'weights' in its state",)),
-        ("wrong shape", ("has shape [1, 1, 3, 3], the model's is [8, 1, 3, 3]",)),
+        ("wrong shape", ("'weights' entry 'features.0.weight' has shape [1, 1, 3, 3], the model's is [8, 1, 3, 3]",)),
         ("not a tensor", ("is a str, not an array",)),
-        ("missing weight", ("its weights lack 'classifier.bias'",)),
+        ("missing weight", ("its 'weights' lack 'classifier.bias'",)),
         ("weights not a mapping", ("'weights' is a list",)),
+        ("no control", ("no 'control' in its state",)),  # SCAFFOLD's control variate, one per parameter
+        ("wrong control", ("'control' entry 'features.0.weight' has shape [1, 1, 3, 3]",)),
     ],
 )
 def test_a_checkpoint_that_is_not_this_runs_model_is_refused_before_ray(case, words, tmp_path, raysim):
+    """... and the refusal leaves the received directory as it was (no lock file added)."""
     from raysim.config import dump_config
     from raysim.config.load import load_config
     from raysim.outputs.run_dir import RunDir
     from raysim.runner import prepare
     from raysim.tensors import module_weights
 
-    config = load_config(QUICKSTART, tiny_overrides())
-    weights = module_weights(prepare(config).spec.build("cpu"))
+    scaffold = case.endswith("control")
+    config = load_config(QUICKSTART, tiny_overrides(**({"algorithm.name": "scaffold"} if scaffold else {})))
+    model = prepare(config).spec.build("cpu")
+    weights = module_weights(model)
+    control = {name: np.zeros(tuple(p.shape), np.float32) for name, p in model.named_parameters()}
     first = "features.0.weight"
     state = {
         "no weights": {},
@@ -360,14 +367,17 @@ def test_a_checkpoint_that_is_not_this_runs_model_is_refused_before_ray(case, wo
         "not a tensor": {"weights": {**weights, first: "weights"}},
         "missing weight": {"weights": {k: v for k, v in weights.items() if k != "classifier.bias"}},
         "weights not a mapping": {"weights": list(weights.values())},
+        "no control": {"weights": weights},
+        "wrong control": {"weights": weights, "control": {**control, first: control[first][:1]}},
     }[case]
-    run_dir = RunDir(tmp_path / "run")  # as a run leaves it: its config, lock and checkpoint
+    run_dir = RunDir(tmp_path / "run")  # as received: its config and checkpoint
     run_dir.path.mkdir()
     run_dir.write_config(dump_config(config))
-    (run_dir.path / ".lock").touch()
     run_dir.write_checkpoint({"round": 1, "state": state, "wall_time_s": 1.0, "log_summary": {}})
+    before = sorted(p.name for p in run_dir.path.rglob("*"))
     line = raysim(["run", "--resume", "run"])
     assert_says(line, "last.pt does not hold this run's model", *words, "start a fresh run")
+    assert sorted(p.name for p in run_dir.path.rglob("*")) == before
 
 
 # ------------------------------------------------------------------ item 7: the client-state refusal alone

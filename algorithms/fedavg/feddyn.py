@@ -23,6 +23,7 @@ from raysim.training import cross_entropy_loss
 class FedDyn(FedAvg):
     name = "feddyn"
     summary = "FedDyn: dynamic regulariser with per-client gradient state"
+    per_parameter_state = ("h",)
 
     @dataclass
     class Params:

@@ -26,6 +26,7 @@ from raysim.tensors import weighted_average
 class Scaffold(FedAvg):
     name = "scaffold"
     summary = "SCAFFOLD: control variates c, c_i correct client drift (per-client state)"
+    per_parameter_state = ("control",)
 
     @dataclass
     class Params:

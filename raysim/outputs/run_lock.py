@@ -78,6 +78,23 @@ def unlock_run_dir(run_dir: Path) -> None:
         os.close(fd)  # closing the descriptor releases the lock
 
 
+def unlock_and_remove(run_dir: Path) -> None:
+    """Release `run_dir`'s lock and remove the lock file, if it is still the one this process holds:
+    for a refused resume that created it, so that the refusal leaves the directory as it was."""
+    key = Path(run_dir).resolve()
+    fd = _held.get(key)
+    if fd is None:
+        return
+    path = Path(run_dir) / LOCK_FILE
+    try:
+        mine, there = os.fstat(fd), os.lstat(path)
+        if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+            path.unlink()
+    except OSError:
+        pass
+    unlock_run_dir(run_dir)
+
+
 def release_all() -> None:
     for run_dir in list(_held):
         unlock_run_dir(run_dir)

@@ -129,39 +129,40 @@ def checked_checkpoint(checkpoint: Any, path: Path, way_out: str) -> dict[str, A
     return checkpoint
 
 
-def check_global_weights(
-    checkpoint: dict[str, Any], expected: dict[str, tuple[int, ...]], path: Path, way_out: str
+def check_model_arrays(
+    checkpoint: dict[str, Any], key: str, expected: dict[str, tuple[int, ...]], path: Path, way_out: str
 ) -> None:
-    """The checkpoint's global model (state['weights']) is the run's model: the same names, each a
-    numeric array or tensor of the shape the model has (`expected`: name -> shape). Refused in one
-    line before Ray starts, not an actor's KeyError or size mismatch after it."""
+    """The checkpoint's state[key] holds one numeric array per name of `expected` (name -> shape),
+    each of that shape: the global model ('weights', every name of the model's state dict) or an
+    algorithm's per-parameter state (SCAFFOLD's 'control'). Refused in one line before Ray starts,
+    not an actor's KeyError or size mismatch after it."""
 
     def refuse(what: str) -> UnreadableStateError:
         return UnreadableStateError(f"{path} does not hold this run's model ({what}): {way_out}")
 
-    weights = checkpoint["state"].get("weights")
-    if not isinstance(weights, dict):
-        if weights is None:
-            raise refuse("no 'weights' in its state")
-        raise refuse(f"its state's 'weights' is a {type(weights).__name__}")
-    missing = [name for name in expected if name not in weights]
-    extra = [name for name in weights if name not in expected]
+    arrays = checkpoint["state"].get(key)
+    if not isinstance(arrays, dict):
+        if arrays is None:
+            raise refuse(f"no '{key}' in its state")
+        raise refuse(f"its state's '{key}' is a {type(arrays).__name__}")
+    missing = [name for name in expected if name not in arrays]
+    extra = [name for name in arrays if name not in expected]
     if missing or extra:
         parts = [f"lack {_names(missing)}"] if missing else []
         parts += [f"have {_names(extra)}, which the model has not"] if extra else []
-        raise refuse("its weights " + " and ".join(parts))
+        raise refuse(f"its '{key}' " + " and ".join(parts))
     for name, shape in expected.items():
-        value = weights[name]
+        value = arrays[name]
         if isinstance(value, torch.Tensor):
             numeric, got = not value.dtype.is_complex, tuple(value.shape)
         elif isinstance(value, (np.ndarray, np.generic)):  # a 0-d buffer (num_batches_tracked) is a numpy scalar
             numeric, got = np.asarray(value).dtype.kind in "biuf", np.shape(value)
         else:
-            raise refuse(f"weight '{name}' is a {type(value).__name__}, not an array")
+            raise refuse(f"'{key}' entry '{name}' is a {type(value).__name__}, not an array")
         if not numeric:
-            raise refuse(f"weight '{name}' holds {value.dtype}, not numbers")
+            raise refuse(f"'{key}' entry '{name}' holds {value.dtype}, not numbers")
         if tuple(got) != tuple(shape):
-            raise refuse(f"weight '{name}' has shape {list(got)}, the model's is {list(shape)}")
+            raise refuse(f"'{key}' entry '{name}' has shape {list(got)}, the model's is {list(shape)}")
 
 
 def _names(names: list[str]) -> str:
