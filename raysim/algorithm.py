@@ -269,6 +269,11 @@ class Algorithm:
     def check_models(cls, spec: ModelSpec) -> None:
         """Checks of the built models (they know the data's image size and channels), before Ray starts."""
 
+    @classmethod
+    def check_inputs(cls, config: Config) -> None:
+        """Checks that the files a run reads besides its dataset (a transfer set) are there, before
+        Ray starts (config checks cannot: a config is valid on a machine without the data)."""
+
     # ------------------------------------------------------------- server side
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:
         """The server state; must be picklable (it is checkpointed each round)."""

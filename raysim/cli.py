@@ -232,6 +232,49 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_data(args: argparse.Namespace) -> int:
+    from raysim.data.download import mirror_base
+    from raysim.data.get import get, status
+    from raysim.data.home import data_home
+
+    home = Path(args.root).expanduser() if args.root else data_home()
+    if args.action == "get":
+        if not args.names:
+            raise RaysimError("name the datasets to get: raysim data get NAME [NAME ...] (raysim data list shows them)")
+        from raysim.data.catalogue import entry
+
+        for name in args.names:
+            entry(name)  # every name known before anything is downloaded
+        mirror = mirror_base(args.mirror)
+        for name in dict.fromkeys(args.names):
+            folder, got = get(name, home, mirror, bar=sys.stderr.isatty())
+            print(f"{name}: {'got' if got else 'already'} in {folder}")
+        if args.root and Path(args.root).expanduser().resolve() != data_home().resolve():
+            print(f"runs read them with --data-root {args.root} (raysim reproduce) or RAYSIM_DATA={args.root}")
+        return 0
+    if args.names:
+        raise RaysimError("raysim data list takes no names: it lists every dataset raysim can get")
+    from raysim.reproduce.table_file import datasets_of_tables, list_tables
+
+    used = datasets_of_tables(list_tables())
+    print(f"data home: {home} (RAYSIM_DATA)")
+    print(f"{'dataset':14s} {'here':14s} {'on disk':>9s} {'download':>9s}  tables")
+    for s in status(home):
+        here = s.present or ("partly got" if s.partial_bytes else "-")
+        on_disk = _size(s.disk_bytes) if s.present else (_size(s.partial_bytes) if s.partial_bytes else "-")
+        download = _size(s.download_bytes) if s.download_bytes else "?"
+        print(f"{s.name:14s} {here:14s} {on_disk:>9s} {download:>9s}  {', '.join(used.get(s.name, [])) or '-'}")
+    return 0
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
 def _cmd_tune(args: argparse.Namespace) -> int:
     from raysim.sweep import load_sweep
     from raysim.tune_state import user_key
@@ -394,6 +437,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("algorithms", help="list the algorithms").set_defaults(func=_cmd_algorithms)
     sub.add_parser("datasets", help="list the datasets and models").set_defaults(func=_cmd_datasets)
+    data = sub.add_parser("data", help="get datasets into the data home (raysim data get NAME), or list them")
+    data.add_argument("action", choices=["get", "list"])
+    data.add_argument("names", nargs="*", help="datasets to get (raysim data list shows them)")
+    data.add_argument("--root", help="the folder to put them in (default: the data home, RAYSIM_DATA)")
+    data.add_argument(
+        "--mirror",
+        help="base URL serving the archives as URL/<dataset>/<file> (default: RAYSIM_DATA_MIRROR, else "
+        "the official locations); the checksums are raysim's whatever serves them",
+    )
+    data.set_defaults(func=_cmd_data)
     configs = sub.add_parser(
         "configs", help="list the shipped configs (raysim run NAME runs one from any folder), or print one whole"
     )
@@ -429,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--cells", help="comma-separated cells (default: all at this scale)")
     repro.add_argument("--methods", help="comma-separated methods (default: all)")
     repro.add_argument(
-        "--data-root", help="folder holding the datasets' folders (mnist/, cifar10/...); default RAYSIM_DATA"
+        "--data-root",
+        help="folder holding the datasets' folders (mnist/, cifar10/...); default: the data home "
+        "(RAYSIM_DATA, else ~/.local/share/raysim/data), where 'raysim data get' puts them",
     )
     repro.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     repro.add_argument("--parallel", type=int, help="runs side by side (default: as many as the cluster holds)")

@@ -147,6 +147,7 @@ def check_models(spec: ModelSpec) -> None:
             "for heterogeneous models"
         )
     cls.check_models(spec)
+    cls.check_inputs(spec.config)
 
 
 def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:

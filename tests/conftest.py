@@ -61,6 +61,13 @@ def sweep_signing_key(tmp_path_factory):
     os.environ["RAYSIM_KEY_FILE"] = str(tmp_path_factory.mktemp("key") / "sweep.key")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def empty_data_home(tmp_path_factory):
+    """The data home (raysim.data.home) is the tests' own, empty, folder, not the user's: a test that
+    needs a dataset there puts it there. Subprocesses inherit it."""
+    os.environ["RAYSIM_DATA"] = str(tmp_path_factory.mktemp("data-home"))
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     import ray

@@ -24,7 +24,7 @@ def raysim(*args, cwd=None):
     [
         ([QUICK, "dataset.name=imagenet"], "unknown dataset 'imagenet'"),
         ([QUICK, "dataset.name=mnist", "dataset.root=/no/such/folder"], "does not exist"),
-        ([QUICK, "dataset.name=cifar10"], "dataset.root must be set"),
+        ([QUICK, "dataset.name=cifar10"], "raysim data get cifar10"),
         ([QUICK, "partition.alpha=0"], "partition.alpha must be > 0"),
         ([QUICK, "partition.alpha=-0.5"], "partition.alpha must be > 0"),
         ([QUICK, "clients.num=20000", "clients.per_round=1"], "exceeds the 10000 training samples"),

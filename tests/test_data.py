@@ -240,7 +240,7 @@ def test_parquet_shards_and_fine_label(tmp_path):
 def test_errors_are_one_line(tmp_path):
     _raises_one_line("cifar10", "imagenet_full", str(tmp_path))
     _raises_one_line("does not exist", "mnist", str(tmp_path / "nope"))
-    _raises_one_line("dataset.root must be set", "mnist", None)
+    _raises_one_line("raysim data get mnist", "mnist", None)
     msg = _raises_one_line("no data under", "cifar10", str(tmp_path))
     assert "cifar-10-batches-py" in msg and "train.parquet" in msg and "train/<class>" in msg
     (tmp_path / "file.txt").write_text("x")

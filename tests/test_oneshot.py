@@ -29,10 +29,13 @@ from raysim.algorithms.oneshot.losses import (
     hard_sample_cross_entropy,
 )
 from raysim.algorithms.oneshot.stratify import loss_variation, rank_against_predictions
+from raysim.algorithms.oneshot.transfer import transfer_source
 from raysim.config.load import load_config
+from raysim.data.home import data_home
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing
+from raysim.runner import prepare
 from raysim.tensors import module_weights
 from tests.conftest import tiny_overrides
 
@@ -384,8 +387,11 @@ def test_one_shot_configuration_errors_are_one_clear_line():
         match="feddf has no default set of unlabelled images for dataset embedded: set algorithm.distill_dataset",
     ):
         load_config(ROOT / "configs" / "quickstart.yaml", feddf)
-    with pytest.raises(RaysimError, match="need algorithm.distill_root .their folder.: dataset.root is not set"):
-        load_config(ROOT / "configs" / "quickstart.yaml", feddf + ["algorithm.distill_dataset=mnist"])
+    # the transfer set's folder: beside dataset.root, else in the data home
+    config = load_config(ROOT / "configs" / "quickstart.yaml", feddf + ["algorithm.distill_dataset=mnist"])
+    assert transfer_source(config, "mnist", "", "k/k") == ("mnist", str(data_home() / "mnist"))
+    with pytest.raises(RaysimError, match=r"not at .*mnist: get it with 'raysim data get mnist'"):
+        prepare(config)  # before Ray starts, not after the client stage
     with pytest.raises(
         RaysimError, match="aggregation must be one of label_weighted, label_weighted_raw, stratified_eq8, mean"
     ):
@@ -407,7 +413,6 @@ def test_one_shot_configuration_errors_are_one_clear_line():
                 ROOT / "configs" / "quickstart.yaml",
                 base + [f"algorithm.name={method}", "algorithm.temperature=-1", *extra],
             )
-    from raysim.runner import prepare
 
     config = load_config(
         ROOT / "configs" / "quickstart.yaml", base + ["algorithm.name=fedavg_oneshot", "clients.models=[cnn2, lenet]"]
@@ -445,7 +450,6 @@ def test_a_resumed_run_continues_to_the_same_numbers(six_methods, tmp_path, monk
 
 
 def test_ot_fusion_refuses_a_residual_network_before_ray_starts():
-    from raysim.runner import prepare
 
     config = load_config(
         ROOT / "configs" / "quickstart.yaml",
@@ -474,7 +478,6 @@ def test_independent_client_inits_are_each_clients_own_and_keyed_apart_in_the_ca
     the shared one, whose key is the one it had before client_init existed."""
     from raysim.algorithms.oneshot import client_cache
     from raysim.registry import make_algorithm
-    from raysim.runner import prepare
 
     def setting(*extra):
         config = load_config(

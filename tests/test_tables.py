@@ -178,8 +178,10 @@ def test_a_cell_without_the_scale_asked_for_is_refused(tmp_path):
 
 def test_a_cell_reading_real_data_without_a_data_root_is_refused_before_anything_runs(tmp_path):
     table = load_table("dcfl_table2")
-    with pytest.raises(RaysimError, match="reads fashion_mnist and no data folder was given: give --data-root DIR"):
-        plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, None)
+    with pytest.raises(
+        RaysimError, match=r"reads fashion_mnist and there is no .*/fashion_mnist: get it with 'raysim data get"
+    ):
+        plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, None)  # not in the data home
     with pytest.raises(RaysimError, match="reads fashion_mnist and there is no /nonexistent/data/fashion_mnist"):
         plan_runs(table, "cpu", [0], ["fmnist_ck2"], ["fedavg"], tmp_path, DATA)
 
@@ -355,11 +357,13 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
 
 def test_a_run_of_a_table_cell_by_name(monkeypatch):
     from raysim.config.named import load_named_config
+    from raysim.data.home import dataset_folder
 
     monkeypatch.setenv("RAYSIM_DATA", DATA)
     config = load_named_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
     assert config.algorithm.name == "dcfl" and config.algorithm.base == "fedprox" and config.seed == 2
-    assert config.dataset.root == f"{DATA}/fashion_mnist"
+    assert config.dataset.root is None  # read from the data home, RAYSIM_DATA
+    assert dataset_folder(config.dataset.name, config.dataset.root) == Path(DATA) / "fashion_mnist"
     paper = load_named_config("dcfl_table2:fmnist_ck2:fedavg:paper", [])
     assert paper.rounds == 100 and paper.algorithm.name == "fedavg"
     with pytest.raises(RaysimError, match="no cell nosuch"):

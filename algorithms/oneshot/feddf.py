@@ -49,7 +49,7 @@ from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParam
 from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
 from raysim.algorithms.oneshot.losses import distillation_loss
-from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
+from raysim.algorithms.oneshot.transfer import check_transfer_folder, load_transfer_images, transfer_source
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed, numpy_rng
 from raysim.tensors import weighted_average
@@ -117,6 +117,12 @@ class FedDF(DataFreeDistillation):
                 f"epochs of a global round no step: set at least {epochs}, or 0 (one pass over the "
                 "transfer set an epoch)"
             )
+
+    @classmethod
+    def check_inputs(cls, config) -> None:
+        super().check_inputs(config)
+        if config.algorithm.params.distill_source == "dataset":
+            check_transfer_folder(*cls.transfer_source(config, config.algorithm.params), KEYS)
 
     @staticmethod
     def transfer_source(config, params) -> tuple[str, str]:

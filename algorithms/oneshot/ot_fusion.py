@@ -34,7 +34,7 @@ import torch
 
 from raysim.algorithms.oneshot._common import OneShot, OneShotParams
 from raysim.algorithms.oneshot.fusion import align_to, ot_fuse
-from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
+from raysim.algorithms.oneshot.transfer import check_transfer_folder, load_transfer_images, transfer_source
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, numpy_rng
 
@@ -71,6 +71,13 @@ class OTFusion(OneShot):
             )
         if params.alignment == "activations":
             transfer_source(config, params.activation_dataset, params.activation_root, KEYS)
+
+    @classmethod
+    def check_inputs(cls, config) -> None:
+        super().check_inputs(config)
+        p = config.algorithm.params
+        if p.alignment == "activations":
+            check_transfer_folder(*transfer_source(config, p.activation_dataset, p.activation_root, KEYS), KEYS)
 
     @classmethod
     def check_models(cls, spec) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim.data.home import dataset_folder, get_hint
 from raysim.errors import RaysimError
 
 TRANSFER_DATASETS = {
@@ -61,14 +62,19 @@ def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, st
                 f"{config.algorithm.name} has no default set of unlabelled images for dataset "
                 f"{config.dataset.name}: set {dataset_key} and algorithm.{root_key} (e.g. mnist and its folder)"
             )
-    if not root:
-        if config.dataset.root is None:
-            raise RaysimError(
-                f"the unlabelled images ({name}) need algorithm.{root_key} (their folder): dataset.root "
-                "is not set, so there is no folder beside it to look in"
-            )
-        root = str(Path(str(config.dataset.root)).expanduser().parent / name)
+    if not root:  # beside the dataset's folder: in the data home when dataset.root is unset
+        root = str(dataset_folder(config.dataset.name, config.dataset.root).parent / name)
     return name, root
+
+
+def check_transfer_folder(name: str, root: str, keys: str) -> None:
+    """One line, before Ray starts, when the transfer set's folder is not there."""
+    dataset_key, root_key = keys.split("/")
+    if not Path(root).expanduser().exists():
+        raise RaysimError(
+            f"the unlabelled images ({name}) are not at {root}: {get_hint(name)}, or set algorithm.{root_key} "
+            f"to their folder or {dataset_key} to another dataset"
+        )
 
 
 def load_transfer_images(
@@ -78,6 +84,7 @@ def load_transfer_images(
     (dataset.verify): refuse images that are not what the name promises."""
     from raysim.data import load_dataset
 
+    check_transfer_folder(name, root, keys)
     dataset_key, root_key = keys.split("/")
     try:
         data = load_dataset(name, root, None, verify=verify)

@@ -98,6 +98,11 @@ def _extended_file(path: Path, target: Any) -> Path:
     )
 
 
+# libyaml's safe loader where PyYAML was built with it: the same documents, read about ten times faster
+# (a table's cells are many files: `raysim data list` and `reproduce --list` read them all)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _read_one_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise RaysimError(
@@ -114,7 +119,7 @@ def _read_one_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise RaysimError(f"cannot read config file '{path}' ({exc.strerror}): check its permissions") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

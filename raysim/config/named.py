@@ -7,7 +7,6 @@ loads configs: this module imports both, and nothing imports it back but the com
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from raysim.config.files import resolve
@@ -20,7 +19,7 @@ from raysim.reproduce.table_file import TABLES_DIR
 
 def load_named_config(name: str, overrides: list[str] = ()) -> Config:
     """A config file, a shipped config's name, or a table's cell: TABLE:CELL:METHOD[:SCALE] (the
-    run `raysim reproduce` makes for that cell and method, seed 0, data under RAYSIM_DATA)."""
+    run `raysim reproduce` makes for that cell and method, seed 0, data in the data home)."""
     parts = name.split(":")
     if len(parts) in (3, 4) and not Path(name).exists():
         table = load_table(parts[0])
@@ -29,7 +28,7 @@ def load_named_config(name: str, overrides: list[str] = ()) -> Config:
         cell = selection(table, parts[1], table.cells, "cell")[0]
         method = selection(table, parts[2], table.methods, "method")[0]
         scale = parts[3] if len(parts) == 4 else "cpu"
-        tree = table.config_tree(cell, method, scale, 0, os.environ.get("RAYSIM_DATA"))
+        tree = table.config_tree(cell, method, scale, 0, None)
         return load_config(None, overrides, base=tree)
     path = resolve(name)
     if path.parent == TABLES_DIR.resolve():

@@ -8,6 +8,7 @@ from pathlib import Path
 from raysim.data.arrays import ArrayDataset
 from raysim.data.cache import get_or_build, memo_put
 from raysim.data.embedded import embedded_source
+from raysim.data.home import dataset_folder, get_hint
 from raysim.data.image_folder import find_domainnet, find_image_folder
 from raysim.data.known import PROMISES, check_promise
 from raysim.data.parquet import find_parquet
@@ -88,25 +89,27 @@ def _check_image_size(image_size: object) -> int | None:
 
 
 def _locate(name: str, root: str | Path | None, image_size: int | None) -> Source:
-    if root is None or not str(root).strip():
-        raise RaysimError(
-            f"dataset.root must be set for dataset '{name}': set dataset.root to the folder holding {_hint(name)} "
-            f"(or use dataset.name=embedded, which needs no files)"
-        )
-    path = Path(str(root)).expanduser()
+    given = root is not None and bool(str(root).strip())
+    path = dataset_folder(name, root)
     if not path.exists():
+        if not given:
+            raise RaysimError(
+                f"{name} is not in the data home (no {path}): {get_hint(name)}, or set dataset.root to the "
+                f"folder holding {_hint(name)}"
+            )
         raise RaysimError(
-            f"dataset root '{root}' does not exist: set dataset.root=... to the folder holding {_hint(name)}"
+            f"dataset root '{root}' does not exist: set dataset.root=... to the folder holding {_hint(name)}, "
+            f"or leave it unset and {get_hint(name)}"
         )
     if not path.is_dir():
         raise RaysimError(
-            f"dataset root '{root}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}"
+            f"dataset root '{path}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}"
         )
     for layout in _LAYOUTS[name]:
         source = _FINDERS[layout](path, name, image_size)
         if source is not None:
             return source
-    raise RaysimError(f"{name}: no data under {root}: put {_hint(name)} there")
+    raise RaysimError(f"{name}: no data under {path}: put {_hint(name)} there, or {get_hint(name)}")
 
 
 def load_dataset(
@@ -114,7 +117,8 @@ def load_dataset(
 ) -> ArrayDataset:
     """Load a dataset as uint8 arrays, decoding once and caching (see raysim.data.cache).
 
-    ``root`` is ignored for ``embedded``.  ``image_size`` resizes every image to
+    ``root`` is ignored for ``embedded``; unset, the dataset's folder in the data home is read
+    (raysim.data.home).  ``image_size`` resizes every image to
     image_size x image_size (default: native size; 64 for domainnet).  ``verify``: refuse, in one
     line, data that are not what the name promises (raysim.data.known).  The returned arrays are
     read-only and shared with later calls in this process.
@@ -123,9 +127,9 @@ def load_dataset(
     image_size = _check_image_size(image_size)
     if name == "domainnet" and image_size is None:
         image_size = DOMAINNET_DEFAULT_SIZE
-    root_key = None if name == "embedded" or root is None else str(Path(str(root)).expanduser().resolve())
     source = embedded_source(image_size) if name == "embedded" else _locate(name, root, image_size)
+    root_key = None if name == "embedded" else str(dataset_folder(name, root).resolve())
     dataset = memo_put((name, root_key, image_size), get_or_build(name, source, image_size))
     if verify:
-        check_promise(dataset, name, image_size, source.where or str(root))
+        check_promise(dataset, name, image_size, source.where or root_key)
     return dataset

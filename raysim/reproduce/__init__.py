@@ -6,7 +6,6 @@ them; results: table.md / table.csv; curves: curves.png; estimate: `--list`'s ti
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -114,7 +113,7 @@ def reproduce(
     if out.exists() and not out.is_dir():
         raise RaysimError(f"--out '{out}' is a file: give a new or existing folder for the table's runs")
     check_out(out, table)  # table.md & co. can be written: refused now, not after the runs
-    data_root = data_root or os.environ.get("RAYSIM_DATA")
+    # unset: each run reads its dataset's folder in the data home (RAYSIM_DATA, raysim.data.home)
     runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
     try:  # once every run's config is valid: a refused table leaves no folder behind
         from raysim.outputs.files import real_folder

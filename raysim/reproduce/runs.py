@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from raysim.config import Config
+from raysim.data.home import dataset_folder, get_hint
 from raysim.errors import RaysimError, first_line, user_message
 from raysim.outputs.run_dir import RunDir
 from raysim.reproduce.table_file import Table
@@ -64,11 +65,12 @@ def plan_runs(
             for seed in seeds:
                 tree = apply_overrides(table.config_tree(cell, method, scale, seed, data_root), parsed)
                 dataset = tree.get("dataset") or {}
-                if dataset.get("name", "embedded") != "embedded" and not Path(str(dataset.get("root"))).is_dir():
-                    where = f"there is no {dataset['root']}" if dataset.get("root") else "no data folder was given"
+                name = dataset.get("name", "embedded")
+                if name != "embedded" and not dataset_folder(name, dataset.get("root")).is_dir():
                     raise RaysimError(
-                        f"table {table.name}, cell {cell} reads {dataset['name']} and {where}: give --data-root "
-                        f"DIR, the folder holding {dataset['name']}/ (or set RAYSIM_DATA)"
+                        f"table {table.name}, cell {cell} reads {name} and there is no "
+                        f"{dataset_folder(name, dataset.get('root'))}: {get_hint(name)}, or give --data-root DIR, "
+                        f"the folder holding {name}/"
                     )
                 try:
                     config = config_from_dict(tree)

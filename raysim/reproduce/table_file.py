@@ -225,6 +225,19 @@ class Table:
         return tree
 
 
+def datasets_of_tables(tables: list[Table]) -> dict[str, list[str]]:
+    """dataset.name -> the tables whose cells read it (at either scale)."""
+    used: dict[str, list[str]] = {}
+    for table in tables:
+        first = next(iter(table.methods))
+        for cell, c in table.cells.items():
+            for scale in c.config:
+                name = (table.config_tree(cell, first, scale, 0, None).get("dataset") or {}).get("name", "embedded")
+                if table.name not in used.setdefault(name, []):
+                    used[name].append(table.name)
+    return used
+
+
 def list_tables() -> list[Table]:
     return [load_table(path) for path in sorted(TABLES_DIR.glob("*.yaml"))]
 

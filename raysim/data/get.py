@@ -1,0 +1,163 @@
+"""`raysim data get` and `raysim data list`: datasets into the data home, whole or not at all.
+
+Each dataset is got in `DATA_HOME/.incoming/<name>/`: its archives are downloaded there (resumed
+after a kill, raysim.data.download), checked, unpacked into `.incoming/<name>/unpacked/`, and that
+folder is renamed to `DATA_HOME/<name>` with a record of what it holds (`.raysim-data.json`) once
+everything is in it. A killed or failed `get` therefore leaves no dataset folder, only its
+downloads, which the next `get` goes on from; an unpacking cut short is redone from the archives.
+The archives are removed once the dataset is in place.
+
+Archives are unpacked without following what they say about the world outside their folder: tar
+members through Python's "data" filter (no absolute paths, links out or device files), zip members
+by zipfile's own path cleaning.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import os
+import shutil
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from raysim.data.catalogue import DOWNLOADABLE, Archive, Entry, entry
+from raysim.data.download import ChecksumMismatch, fetch
+from raysim.errors import RaysimError
+
+RECORD = ".raysim-data.json"
+INCOMING = ".incoming"
+
+
+def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Path, bool]:
+    """DATA_HOME/<name>, got now (True) or there already (False)."""
+    known = entry(name)
+    target = home / name
+    if (target / RECORD).is_file():
+        return target, False
+    if target.exists():
+        raise RaysimError(
+            f"{target} exists but was not made by 'raysim data get': if it holds {name}, use it as it is "
+            f"(runs read it); else move it away and run the command again"
+        )
+    work = home / INCOMING / name
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        for number, archive in enumerate(known.archives, 1):
+            urls = [f"{mirror}/{name}/{archive.file}"] if mirror else list(archive.urls)
+            label = f"{name} {number}/{len(known.archives)} {archive.file}"
+            try:
+                fetch(urls, work / archive.file, archive.checksum, label, bar)
+            except ChecksumMismatch:  # another file than raysim's: none of its downloads is kept
+                shutil.rmtree(work, ignore_errors=True)
+                _remove_if_empty(home / INCOMING)
+                raise
+        unpacked = work / "unpacked"
+        if unpacked.exists():  # an unpacking cut short: redone from the archives
+            shutil.rmtree(unpacked)
+        for archive in known.archives:
+            _unpack(archive, work / archive.file, unpacked / archive.into)
+        if name == "domainnet":
+            _sort_domainnet(unpacked)
+        (unpacked / RECORD).write_text(json.dumps(_record(known), indent=1) + "\n")
+        os.replace(unpacked, target)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise RaysimError(
+                f"no space left on device while getting {name} into {home}: free some space (or set RAYSIM_DATA to "
+                "a larger disk) and run the same command again; the downloads are kept"
+            ) from None
+        raise RaysimError(f"cannot get {name} into {home} ({exc.strerror or exc}): {exc.filename or ''}") from None
+    shutil.rmtree(work, ignore_errors=True)
+    _remove_if_empty(home / INCOMING)
+    return target, True
+
+
+def _remove_if_empty(folder: Path) -> None:
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
+
+
+def _record(known: Entry) -> dict:
+    return {"name": known.name, "source": known.source, "archives": {a.file: a.checksum for a in known.archives}}
+
+
+def _unpack(archive: Archive, path: Path, into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    try:
+        if archive.unpack == "copy":
+            shutil.copyfile(path, into / archive.file)
+        elif archive.unpack == "gunzip":
+            with gzip.open(path, "rb") as src, open(into / archive.file.removesuffix(".gz"), "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        elif archive.unpack == "tar":
+            with tarfile.open(path) as tar:
+                tar.extractall(into, filter="data")
+        elif archive.unpack == "zip":
+            with zipfile.ZipFile(path) as z:
+                z.extractall(into)
+        else:
+            raise ValueError(f"unknown unpacking {archive.unpack!r}")
+    except (tarfile.TarError, zipfile.BadZipFile, gzip.BadGzipFile, EOFError) as exc:
+        raise RaysimError(
+            f"{path.name} passed its checksum but cannot be unpacked ({type(exc).__name__}: {exc}): remove "
+            f"{path} and run the command again"
+        ) from None
+
+
+def _sort_domainnet(folder: Path) -> None:
+    """<domain>/<class>/<image> into <domain>/train/<class>/ or <domain>/test/<class>/, as the
+    release's split lists say (lines '<domain>/<class>/<file> <label>'); images in neither are dropped."""
+    splits = folder / "splits"
+    for listing in sorted(splits.glob("*_*.txt")):
+        split = listing.stem.rsplit("_", 1)[1]
+        for line in listing.read_text().splitlines():
+            if not line.strip():
+                continue
+            relative = Path(line.split()[0])
+            domain, cls, file = relative.parts[-3:]
+            source = folder / domain / cls / file
+            if not source.is_file():
+                raise RaysimError(f"domainnet: {listing.name} names {relative}, which the archive does not hold")
+            (folder / domain / split / cls).mkdir(parents=True, exist_ok=True)
+            os.replace(source, folder / domain / split / cls / file)
+    shutil.rmtree(splits)
+    for domain in [d for d in folder.iterdir() if d.is_dir()]:
+        for leftover in [c for c in domain.iterdir() if c.is_dir() and c.name not in ("train", "test")]:
+            shutil.rmtree(leftover)
+
+
+@dataclass
+class Status:
+    name: str
+    present: str  # "got by raysim", "placed there", "" (absent)
+    disk_bytes: int
+    download_bytes: int | None  # what `get` downloads, where known
+    partial_bytes: int  # downloaded so far by an unfinished `get`
+
+
+def status(home: Path) -> list[Status]:
+    out = []
+    for name in DOWNLOADABLE:
+        folder = home / name
+        present = "got by raysim" if (folder / RECORD).is_file() else ("placed there" if folder.is_dir() else "")
+        out.append(
+            Status(name, present, _bytes(folder) if present else 0, entry(name).size, _bytes(home / INCOMING / name))
+        )
+    return out
+
+
+def _bytes(folder: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
