@@ -303,7 +303,17 @@ def test_an_address_that_is_not_one_is_refused_before_ray(command, env, subproce
     assert_says(line, "RAY_ADDRESS" if env else "--address")
 
 
-def test_a_cluster_that_does_not_answer_is_one_line_and_the_run_directory_goes(tmp_path, monkeypatch, capfd):
+@pytest.mark.parametrize(
+    "address, words",
+    [
+        ("ray://203.0.113.7:10001", ("cannot connect to the Ray cluster at ray://203.0.113.7:10001", "ray status")),
+        (None, ("Ray could not start on this machine", "timed out during startup", "ray start --head")),
+    ],
+    ids=["a cluster that does not answer", "a private Ray that does not start"],
+)
+def test_a_ray_that_cannot_be_reached_is_one_line_and_the_run_directory_goes(
+    address, words, tmp_path, monkeypatch, capfd
+):
     import ray
 
     import raysim.runner
@@ -314,12 +324,15 @@ def test_a_cluster_that_does_not_answer_is_one_line_and_the_run_directory_goes(t
         warnings.warn("Ray Client connection timed out. Ensure that the Ray Client port ...", UserWarning)
         raise ConnectionError("ray client connection timeout")
 
+    def does_not_start(*args, **kwargs):  # Ray 2.60 on a machine too busy to start its processes in time
+        raise Exception("The current node timed out during startup. This could happen because ...")  # noqa: TRY002
+
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", unreachable)
+    monkeypatch.setattr(ray, "init", unreachable if address else does_not_start)
     monkeypatch.setattr(raysim.runner, "prepare", lambda config: experiment_without_data())  # Ray is next
     out = tmp_path / "out"
-    assert main(["run", str(QUICKSTART), "--out", str(out), "--address", "ray://203.0.113.7:10001"]) == 2
-    assert_says(one_line(capfd), "cannot connect to the Ray cluster at ray://203.0.113.7:10001", "ray status")
+    assert main(["run", str(QUICKSTART), "--out", str(out), *(["--address", address] if address else [])]) == 2
+    assert_says(one_line(capfd), *words)
     assert not out.exists()  # neither the folder nor its .lock
 
 

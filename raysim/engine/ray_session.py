@@ -35,14 +35,7 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             # Ray's notice that it turned token authentication on is nothing the user can act on, and
             # it would sit beside our one-line errors.
             logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-            ray.init(
-                address="local",
-                num_cpus=resources.num_cpus or os.cpu_count(),
-                num_gpus=resources.num_gpus,  # None: the GPUs Ray detects
-                include_dashboard=False,
-                object_store_memory=resources.object_store_mb * 2**20,
-                logging_level=logging.WARNING,
-            )
+            _start_private(resources)
         yield
     finally:
         if ray.is_initialized():
@@ -50,6 +43,27 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
         if watcher is not None:  # closing its pipe: it finds nothing left and exits
             watcher.stdin.close()
             watcher.wait(timeout=30)
+
+
+def _start_private(resources: ResourcesConfig) -> None:
+    """A private local Ray, or one line when it does not come up (on a machine too busy for its
+    processes to start in time, Ray 2.60 raises 'The current node timed out during startup')."""
+    try:
+        ray.init(
+            address="local",
+            num_cpus=resources.num_cpus or os.cpu_count(),
+            num_gpus=resources.num_gpus,  # None: the GPUs Ray detects
+            include_dashboard=False,
+            object_store_memory=resources.object_store_mb * 2**20,
+            logging_level=logging.WARNING,
+        )
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for a start-up timeout
+        if ray.is_initialized():
+            ray.shutdown()
+        raise RaysimError(
+            f"Ray could not start on this machine ({type(exc).__name__}: {first_line(exc)}): run the command again "
+            "when the machine is less busy, or start Ray yourself ('ray start --head') and pass --address"
+        ) from None
 
 
 def _connect(target: str) -> None:
