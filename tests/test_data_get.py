@@ -274,3 +274,87 @@ def test_data_list_names_every_dataset_the_tables_read(capsys):
     listed = {line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]}
     assert read - {"embedded"} <= listed, read - listed
     assert {"svhn", "cifar100"} <= read  # the tables' datasets raysim could not get before
+
+
+def cinic10_archive(folder: Path) -> None:
+    """CINIC-10.tar.gz as the authors pack it: train/, valid/, test/ at its top, a folder of PNGs per class."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "CINIC-10.tar.gz", "w:gz") as tar:
+        for split in ("train", "valid", "test"):
+            for label, cls in enumerate(("airplane", "automobile")):
+                for i in range(2):
+                    buf = io.BytesIO()
+                    Image.new("RGB", (32, 32), (100 * label, 90, 70)).save(buf, format="PNG")
+                    info = tarfile.TarInfo(f"{split}/{cls}/cifar-10-{split}-{i}.png")
+                    info.size = len(buf.getvalue())
+                    tar.addfile(info, io.BytesIO(buf.getvalue()))
+
+
+def domainnet_archives(folder: Path) -> None:
+    """Two domains' zips (<domain>/<class>/<image>.jpg) and their split lists, as the release has them."""
+    import io
+    import zipfile
+
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for domain, _, *_ in catalogue._DOMAINNET:
+        lists = {"train": [], "test": []}
+        with zipfile.ZipFile(folder / f"{domain}.zip", "w") as z:
+            for label, cls in enumerate(("apple", "bus")):
+                for i in range(3):
+                    buf = io.BytesIO()
+                    Image.new("RGB", (12, 12), (40 * label, 80, 120)).save(buf, format="JPEG")
+                    z.writestr(f"{domain}/{cls}/{domain}_{i}.jpg", buf.getvalue())
+                    lists["test" if i == 2 else "train"].append(f"{domain}/{cls}/{domain}_{i}.jpg {label}")
+        for split, lines in lists.items():
+            (folder / f"{domain}_{split}.txt").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("name", ["cinic10", "domainnet"])
+def test_each_kind_of_archive_unpacks_into_a_layout_raysim_reads(name, mirror, monkeypatch, tmp_path, capsys):
+    from raysim.cli import main
+    from raysim.data import load_dataset
+
+    base, served, _ = mirror
+    (cinic10_archive if name == "cinic10" else domainnet_archives)(served / name)
+    fake = with_checksums(
+        name, {f.name: "sha256:" + hashlib.sha256(f.read_bytes()).hexdigest() for f in (served / name).iterdir()}
+    )
+    monkeypatch.setattr("raysim.data.get.entry", lambda n: fake)
+    home = tmp_path / "home"
+    assert main(["data", "get", name, "--root", str(home), "--mirror", base]) == 0
+    ds = load_dataset(name, home / name, verify=False)
+    if name == "cinic10":  # a tar of image folders
+        assert ds.train_x.shape == (4, 32, 32, 3) and ds.test_x.shape == (4, 32, 32, 3)
+    else:  # the split lists sort each domain's images into train/ and test/
+        assert len(ds.domains) == 6 and ds.classes == ["apple", "bus"]
+        assert len(ds.train_y) == 6 * 4 and len(ds.test_y) == 6 * 2
+    assert sorted(p.name for p in home.iterdir()) == [name]
+
+
+def test_an_archive_whose_members_point_outside_its_folder_is_refused(mirror, monkeypatch, tmp_path, capsys):
+    import io
+    import tarfile
+
+    from raysim.cli import main
+
+    base, served, _ = mirror
+    (served / "cifar10").mkdir()
+    with tarfile.open(served / "cifar10" / "cifar-10-python.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("../../escaped.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"owned"))
+    archive = served / "cifar10" / "cifar-10-python.tar.gz"
+    fake = with_checksums("cifar10", {archive.name: "md5:" + hashlib.md5(archive.read_bytes()).hexdigest()})
+    monkeypatch.setattr("raysim.data.get.entry", lambda n: fake)
+    home = tmp_path / "a" / "b" / "home"
+    assert main(["data", "get", "cifar10", "--root", str(home), "--mirror", base]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "cifar-10-python.tar.gz passed its checksum but cannot be unpacked" in err
+    assert not list(tmp_path.rglob("escaped.txt")) and not (home / "cifar10").exists()
