@@ -270,9 +270,19 @@ class Algorithm:
         """Checks of the built models (they know the data's image size and channels), before Ray starts."""
 
     @classmethod
+    def extra_datasets(cls, config: Config) -> list[tuple[str, str, str]]:
+        """Datasets a run reads besides its own (a transfer set): (name, folder, the config keys
+        that choose them, as "algorithm.x_dataset/x_root"). `raysim data list` and the checks use it."""
+        return []
+
+    @classmethod
     def check_inputs(cls, config: Config) -> None:
-        """Checks that the files a run reads besides its dataset (a transfer set) are there, before
-        Ray starts (config checks cannot: a config is valid on a machine without the data)."""
+        """The datasets a run reads besides its own are there, before Ray starts (config checks
+        cannot: a config is valid on a machine without the data)."""
+        from raysim.data.home import check_extra_dataset
+
+        for name, folder, keys in cls.extra_datasets(config):
+            check_extra_dataset(name, folder, keys)
 
     # ------------------------------------------------------------- server side
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:

@@ -27,6 +27,7 @@ def _run(args: argparse.Namespace) -> int:
     from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
 
     _check_address(args.address)  # before anything is read or created
+    had_lock_file = True  # a resume of a directory received without one: removed again if it is refused
     if args.resume:
         if args.config and "=" not in args.config:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
@@ -43,7 +44,9 @@ def _run(args: argparse.Namespace) -> int:
             if not had_lock_file:  # refused: the directory is left as it was received
                 unlock_and_remove(run_dir)
             raise
-        if experiment is None:
+        if experiment is None:  # finished: nothing ran, the directory stays as it was
+            if not had_lock_file:
+                unlock_and_remove(run_dir)
             return 0
     else:
         if not args.config:
@@ -65,6 +68,8 @@ def _run(args: argparse.Namespace) -> int:
     except RaysimError:
         if not args.resume:  # refused before its first round (e.g. resources): the same --out works again
             discard_unstarted_run(run_dir)
+        elif not had_lock_file:
+            unlock_and_remove(run_dir)
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from raysim.runner import failure_message
@@ -74,6 +79,8 @@ def _run(args: argparse.Namespace) -> int:
             raise
         if refused_at_start and not args.resume:
             discard_unstarted_run(run_dir)
+        elif refused_at_start and not had_lock_file:
+            unlock_and_remove(run_dir)
         raise RaysimError(message) from None
     return 0
 
@@ -235,7 +242,7 @@ def _cmd_datasets(args: argparse.Namespace) -> int:
 def _cmd_data(args: argparse.Namespace) -> int:
     from raysim.data.download import mirror_base
     from raysim.data.get import get, status
-    from raysim.data.home import data_home
+    from raysim.data.home import DATA_ENV, data_home
 
     home = Path(args.root).expanduser() if args.root else data_home()
     if args.action == "get":
@@ -247,17 +254,23 @@ def _cmd_data(args: argparse.Namespace) -> int:
             entry(name)  # every name known before anything is downloaded
         mirror = mirror_base(args.mirror)
         for name in dict.fromkeys(args.names):
-            folder, got = get(name, home, mirror, bar=sys.stderr.isatty())
+            try:
+                folder, got = get(name, home, mirror, bar=sys.stderr.isatty())
+            except KeyboardInterrupt:
+                print(
+                    f"interrupted: run 'raysim data get {name}' again to go on from where it stopped", file=sys.stderr
+                )
+                return 130
             print(f"{name}: {'got' if got else 'already'} in {folder}")
         if args.root and Path(args.root).expanduser().resolve() != data_home().resolve():
-            print(f"runs read them with --data-root {args.root} (raysim reproduce) or RAYSIM_DATA={args.root}")
+            print(f"runs read them with --data-root {args.root} (raysim reproduce) or {DATA_ENV}={args.root}")
         return 0
     if args.names:
         raise RaysimError("raysim data list takes no names: it lists every dataset raysim can get")
     from raysim.reproduce.table_file import datasets_of_tables, list_tables
 
     used = datasets_of_tables(list_tables())
-    print(f"data home: {home} (RAYSIM_DATA)")
+    print(f"data home: {home} ({DATA_ENV} moves it)")
     print(f"{'dataset':14s} {'here':14s} {'on disk':>9s} {'download':>9s}  tables")
     for s in status(home):
         here = s.present or ("partly got" if s.partial_bytes else "-")
@@ -440,7 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="get datasets into the data home (raysim data get NAME), or list them")
     data.add_argument("action", choices=["get", "list"])
     data.add_argument("names", nargs="*", help="datasets to get (raysim data list shows them)")
-    data.add_argument("--root", help="the folder to put them in (default: the data home, RAYSIM_DATA)")
+    data.add_argument("--root", help="the folder to put them in (default: the data home; raysim data list shows it)")
     data.add_argument(
         "--mirror",
         help="base URL serving the archives as URL/<dataset>/<file> (default: RAYSIM_DATA_MIRROR, else "
@@ -483,8 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     repro.add_argument("--methods", help="comma-separated methods (default: all)")
     repro.add_argument(
         "--data-root",
-        help="folder holding the datasets' folders (mnist/, cifar10/...); default: the data home "
-        "(RAYSIM_DATA, else ~/.local/share/raysim/data), where 'raysim data get' puts them",
+        help="folder holding the datasets' folders (mnist/, cifar10/...); default: the data home, where "
+        "'raysim data get' puts them (raysim data list shows it)",
     )
     repro.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     repro.add_argument("--parallel", type=int, help="runs side by side (default: as many as the cluster holds)")
@@ -501,6 +514,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    from raysim.data.home import settle_data_home
+
+    settle_data_home()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may follow the options (`raysim run CONFIG --out D rounds=3`)

@@ -27,3 +27,16 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (its type's name when it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
+    import errno
+
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc.filename or "writing the run's files"
+        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
+    return None

@@ -16,8 +16,9 @@ from raysim.config import Config, dump_config
 from raysim.config.load import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
+from raysim.data.home import dataset_folder
 from raysim.data.identity import DataIdentity, array_digest, identity_of
-from raysim.errors import RaysimError, first_line
+from raysim.errors import RaysimError, disk_full, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
 from raysim.outputs.run_dir import RunDir
@@ -96,8 +97,9 @@ def check_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> Non
     """A run continues only on the data it started on: one line naming both if they differ."""
     recorded = run_dir.read_data()
     if recorded is not None and recorded.digest != identity.digest:
+        where = "the embedded sample" if identity.name == "embedded" else dataset_folder(identity.name, root)
         raise RaysimError(
-            f"'{run_dir}' ran on {recorded.describe()}, but the data at hand (dataset.root={root}) are "
+            f"'{run_dir}' ran on {recorded.describe()}, but the data at hand ({where}) are "
             f"{identity.describe()}: give the folder of the data it ran on, or start a new run"
         )
 
@@ -427,19 +429,6 @@ def _in_process(config: Config, exp: Experiment, run_dir: RunDir):
     actors = [InProcess(clients)]
     server = InProcess(ServerRuntime(config, server_inputs(exp), run_dir, actors, {k: 0 for k in clients.data}))
     return server, actors, []
-
-
-def disk_full(exc: BaseException) -> str | None:
-    """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
-    import errno
-
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return exc.filename or "writing the run's files"
-        exc = getattr(exc, "cause", None) or exc.__cause__ or exc.__context__
-    return None
 
 
 def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:

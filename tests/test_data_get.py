@@ -358,3 +358,20 @@ def test_an_archive_whose_members_point_outside_its_folder_is_refused(mirror, mo
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "cifar-10-python.tar.gz passed its checksum but cannot be unpacked" in err
     assert not list(tmp_path.rglob("escaped.txt")) and not (home / "cifar10").exists()
+
+
+def test_a_file_that_fails_its_checksum_at_one_location_is_fetched_from_the_next(mirror, tmp_path):
+    from raysim.data.download import ChecksumMismatch, fetch
+
+    base, served, _ = mirror
+    good = b"the archive" * 1000
+    (served / "one").mkdir()
+    (served / "two").mkdir()
+    (served / "one" / "a.gz").write_bytes(good[:-1] + b"!")  # a first mirror serving another file
+    (served / "two" / "a.gz").write_bytes(good)
+    checksum = "sha256:" + hashlib.sha256(good).hexdigest()
+    fetch([f"{base}/one/a.gz", f"{base}/two/a.gz"], tmp_path / "a.gz", checksum, "a", bar=False)
+    assert (tmp_path / "a.gz").read_bytes() == good and not (tmp_path / "a.gz.part").exists()
+    with pytest.raises(ChecksumMismatch, match=r"a.gz from .*/one/a.gz does not match its sha256 checksum"):
+        fetch([f"{base}/one/a.gz"], tmp_path / "b.gz", checksum, "b", bar=False)
+    assert not list(tmp_path.glob("b.gz*"))

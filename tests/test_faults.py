@@ -195,7 +195,14 @@ with ray_session(ResourcesConfig(num_cpus=1, object_store_mb=80)):
         processes = [p for p in (_process(pid, created) for pid, created, *_ in started) if p is not None]
 
         def left() -> list[str]:
-            return [p.name() for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            alive = []
+            for p in processes:
+                try:
+                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                        alive.append(p.name())
+                except psutil.NoSuchProcess:
+                    pass
+            return alive
 
         deadline = time.time() + 20
         while left() and time.time() < deadline:

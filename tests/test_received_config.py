@@ -22,7 +22,7 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 STORED = "ray://203.0.113.7:10001"  # TEST-NET-3: nothing answers there
 
 
-class RayAsked(Exception):
+class RayAsked(BaseException):  # not an Exception: nothing on the way may take it for Ray's failure
     """Raised by the stand-in ray.init: the session got as far as choosing its cluster."""
 
     def __init__(self, address):

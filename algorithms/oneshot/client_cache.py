@@ -37,9 +37,11 @@ from raysim.data.cache import cache_root
 
 FORMAT_VERSION = 3  # 3: the clients' thread count and numpy version in the key
 
-# Config sections the client stage never sees: the server's side and the outputs. The data's place
-# (dataset.root) is left out too: its content is in the data digest.
+# Config sections the client stage never sees: the server's side and the outputs.
 NOT_CLIENT_STAGE = ("algorithm", "rounds", "eval", "output")
+# Dataset keys that change no number: where the data lie and whether their name was checked (their
+# content is in the data digest).
+NOT_THE_DATA = ("root", "verify")
 # The algorithm parameters that decide the client stage (every one-shot method's, OneShotParams), each
 # with the value that is the behaviour before it existed: at that value it stays out of the key.
 CLIENT_STAGE_PARAMS = {"client_init": "shared"}
@@ -81,7 +83,7 @@ def client_stage_key(config: Config, data_digest: str, mean: np.ndarray, std: np
     stage = {k: algorithm[k] for k, before in CLIENT_STAGE_PARAMS.items() if algorithm.get(k, before) != before}
     if stage:
         tree["algorithm"] = stage
-    tree["dataset"] = {k: v for k, v in tree["dataset"].items() if k != "root"}
+    tree["dataset"] = {k: v for k, v in tree["dataset"].items() if k not in NOT_THE_DATA}
     resources = tree.pop("resources")
     tree["resources"] = {k: v for k, v in resources.items() if k not in SCHEDULING}
     tree["resources"]["gpu"] = resources["gpus_per_actor"] > 0

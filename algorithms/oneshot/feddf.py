@@ -49,7 +49,7 @@ from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParam
 from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
 from raysim.algorithms.oneshot.losses import distillation_loss
-from raysim.algorithms.oneshot.transfer import check_transfer_folder, load_transfer_images, transfer_source
+from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed, numpy_rng
 from raysim.tensors import weighted_average
@@ -65,7 +65,7 @@ class FedDF(DataFreeDistillation):
     class Params(OneShotParams):
         distill_source: str = "dataset"  # dataset | generator
         distill_dataset: str = "auto"  # with distill_source=dataset: its name (e.g. mnist), or auto ...
-        distill_root: str = ""  # ... and folder ("" = beside dataset.root)
+        distill_root: str = ""  # ... and folder ("" = beside the dataset's folder)
         # with distill_source=dataset: whole (a stream over the whole transfer set, FedDF's code) or
         # growing (a pool growing by synthesis_batch an epoch; the 2-core scaling)
         transfer_pool: str = added_param("whole", before="growing")
@@ -119,10 +119,10 @@ class FedDF(DataFreeDistillation):
             )
 
     @classmethod
-    def check_inputs(cls, config) -> None:
-        super().check_inputs(config)
-        if config.algorithm.params.distill_source == "dataset":
-            check_transfer_folder(*cls.transfer_source(config, config.algorithm.params), KEYS)
+    def extra_datasets(cls, config) -> list[tuple[str, str, str]]:
+        if config.algorithm.params.distill_source != "dataset":
+            return []
+        return [(*cls.transfer_source(config, config.algorithm.params), KEYS)]
 
     @staticmethod
     def transfer_source(config, params) -> tuple[str, str]:

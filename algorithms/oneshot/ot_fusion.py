@@ -34,7 +34,7 @@ import torch
 
 from raysim.algorithms.oneshot._common import OneShot, OneShotParams
 from raysim.algorithms.oneshot.fusion import align_to, ot_fuse
-from raysim.algorithms.oneshot.transfer import check_transfer_folder, load_transfer_images, transfer_source
+from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, numpy_rng
 
@@ -52,7 +52,7 @@ class OTFusion(OneShot):
         alignment: str = "activations"  # activations | weights
         activation_samples: int = 200
         activation_dataset: str = "auto"  # unlabelled images for the activations (algorithms/oneshot/transfer.py) ...
-        activation_root: str = ""  # ... and their folder ("" = beside dataset.root)
+        activation_root: str = ""  # ... and their folder ("" = beside the dataset's folder)
 
         def validate(self) -> None:
             super().validate()
@@ -73,11 +73,11 @@ class OTFusion(OneShot):
             transfer_source(config, params.activation_dataset, params.activation_root, KEYS)
 
     @classmethod
-    def check_inputs(cls, config) -> None:
-        super().check_inputs(config)
+    def extra_datasets(cls, config) -> list[tuple[str, str, str]]:
         p = config.algorithm.params
-        if p.alignment == "activations":
-            check_transfer_folder(*transfer_source(config, p.activation_dataset, p.activation_root, KEYS), KEYS)
+        if p.alignment != "activations":
+            return []
+        return [(*transfer_source(config, p.activation_dataset, p.activation_root, KEYS), KEYS)]
 
     @classmethod
     def check_models(cls, spec) -> None:

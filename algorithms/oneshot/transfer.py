@@ -3,22 +3,20 @@ which OT fusion compares its models' activations.
 
 `auto` picks, for MNIST, Fashion-MNIST; for Fashion-MNIST, MNIST; for CIFAR-10 and CINIC-10,
 CIFAR-100 (FedDF's own choice for CIFAR-10); for CIFAR-100 and SVHN, CIFAR-10. An empty root means
-the folder of that name beside `dataset.root` (../shared/data/mnist beside
-../shared/data/fashion_mnist). The training images are resized to the run's size (bilinear,
-antialiased) and converted to its channels (grey repeated to RGB, RGB to luminance); labels are
-never read. A run may also name its own dataset (its training images without their labels: an
+the folder of that name beside the run's dataset folder: beside `dataset.root` (../shared/data/mnist
+beside ../shared/data/fashion_mnist), or in the data home when dataset.root is unset. The training
+images are resized to the run's size (bilinear, antialiased) and converted to its channels (grey
+repeated to RGB, RGB to luminance); labels are never read. A run may also name its own dataset (its training images without their labels: an
 in-distribution transfer set, which a one-shot server would not have).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.data.home import dataset_folder, get_hint
+from raysim.data.home import check_extra_dataset, dataset_folder
 from raysim.errors import RaysimError
 
 TRANSFER_DATASETS = {
@@ -67,16 +65,6 @@ def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, st
     return name, root
 
 
-def check_transfer_folder(name: str, root: str, keys: str) -> None:
-    """One line, before Ray starts, when the transfer set's folder is not there."""
-    dataset_key, root_key = keys.split("/")
-    if not Path(root).expanduser().exists():
-        raise RaysimError(
-            f"the unlabelled images ({name}) are not at {root}: {get_hint(name)}, or set algorithm.{root_key} "
-            f"to their folder or {dataset_key} to another dataset"
-        )
-
-
 def load_transfer_images(
     name: str, root: str, image_size: int, channels: int, keys: str, verify: bool = True
 ) -> np.ndarray:
@@ -84,7 +72,7 @@ def load_transfer_images(
     (dataset.verify): refuse images that are not what the name promises."""
     from raysim.data import load_dataset
 
-    check_transfer_folder(name, root, keys)
+    check_extra_dataset(name, root, keys)
     dataset_key, root_key = keys.split("/")
     try:
         data = load_dataset(name, root, None, verify=verify)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,20 +70,34 @@ class ArrayDataset:
         return int(self.train_x.shape[1])
 
     def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-channel float32 mean and std of ``train_x / 255`` (shape (C,) each)."""
-        c = self.channels
-        flat = self.train_x.reshape(-1, c)
-        total = np.zeros(c, np.float64)
-        total_sq = np.zeros(c, np.float64)
-        step = 1 << 22  # pixels per chunk: bounded float64 temporaries
-        for start in range(0, flat.shape[0], step):
-            chunk = flat[start : start + step].astype(np.float64)
-            total += chunk.sum(axis=0)
-            total_sq += np.square(chunk).sum(axis=0)
-        n = max(flat.shape[0], 1)
-        mean = total / n
-        var = np.maximum(total_sq / n - mean**2, 0.0)
-        return (mean / 255.0).astype(np.float32), (np.sqrt(var) / 255.0).astype(np.float32)
+        """Per-channel float32 mean and std of ``train_x / 255`` (shape (C,) each), computed once
+        per dataset (its arrays are read-only once loaded: raysim.data.cache.freeze)."""
+        if self.train_x.flags.writeable:
+            return _mean_std(self.train_x)
+        known = _MEAN_STD.get(self)
+        if known is None:
+            known = _MEAN_STD[self] = _mean_std(self.train_x)
+        return known[0].copy(), known[1].copy()
+
+
+# (mean, std) of each loaded (read-only) dataset: the name check and the normalisation both ask
+_MEAN_STD: weakref.WeakKeyDictionary[ArrayDataset, tuple[np.ndarray, np.ndarray]] = weakref.WeakKeyDictionary()
+
+
+def _mean_std(train_x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = train_x.shape[3]
+    flat = train_x.reshape(-1, c)
+    total = np.zeros(c, np.float64)
+    total_sq = np.zeros(c, np.float64)
+    step = 1 << 22  # pixels per chunk: bounded float64 temporaries
+    for start in range(0, flat.shape[0], step):
+        chunk = flat[start : start + step].astype(np.float64)
+        total += chunk.sum(axis=0)
+        total_sq += np.square(chunk).sum(axis=0)
+    n = max(flat.shape[0], 1)
+    mean = total / n
+    var = np.maximum(total_sq / n - mean**2, 0.0)
+    return (mean / 255.0).astype(np.float32), (np.sqrt(var) / 255.0).astype(np.float32)
 
 
 def with_validation_split(dataset: ArrayDataset, fraction: float, rng: np.random.Generator) -> ArrayDataset:

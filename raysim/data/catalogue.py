@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from raysim.data.loading import DATASET_NAMES
 from raysim.errors import RaysimError
 
 
@@ -182,7 +183,7 @@ def _domainnet() -> Entry:
     )
 
 
-DOWNLOADABLE = ("mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet")
+DOWNLOADABLE = tuple(name for name in DATASET_NAMES if name != "embedded")  # the embedded sample ships with raysim
 
 
 @functools.cache

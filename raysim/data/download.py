@@ -49,7 +49,7 @@ def fetch(urls: list[str], dest: Path, checksum: str, label: str, bar: bool = Tr
     if dest.is_file() and file_checksum(dest, kind) == expected:
         return
     part = dest.with_name(dest.name + ".part")
-    failures = []
+    failures, mismatch = [], None
     for url in urls:
         try:
             _download(url, part, label, bar)
@@ -62,14 +62,16 @@ def fetch(urls: list[str], dest: Path, checksum: str, label: str, bar: bool = Tr
             failures.append(f"{url}: {_reason(exc)}")
             continue
         got = file_checksum(part, kind)
-        if got != expected:
-            part.unlink()
-            raise ChecksumMismatch(
-                f"{dest.name} from {url} does not match its {kind} checksum ({got}, expected {expected}): nothing "
-                "was kept; run the command again, and if it recurs, the server (or mirror) serves another file"
-            )
-        os.replace(part, dest)
-        return
+        if got == expected:
+            os.replace(part, dest)
+            return
+        part.unlink()  # another file than raysim's: the next location, if any, is tried
+        mismatch = f"{dest.name} from {url} does not match its {kind} checksum ({got}, expected {expected})"
+    if mismatch is not None:
+        raise ChecksumMismatch(
+            f"{mismatch}: nothing was kept; run the command again, and if it recurs, the server (or mirror) "
+            "serves another file"
+        )
     raise RaysimError(
         f"cannot download {dest.name} ({'; '.join(failures)}): check the network, or serve the archives from a "
         f"mirror (--mirror URL or {MIRROR_ENV}, files at URL/<dataset>/<file>)"

@@ -21,11 +21,14 @@ import os
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from raysim.data.catalogue import DOWNLOADABLE, Archive, Entry, entry
 from raysim.data.download import ChecksumMismatch, fetch
+from raysim.data.home import DATA_ENV
 from raysim.errors import RaysimError
 
 RECORD = ".raysim-data.json"
@@ -36,38 +39,28 @@ def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Pa
     """DATA_HOME/<name>, got now (True) or there already (False)."""
     known = entry(name)
     target = home / name
+    work = home / INCOMING / name
     if (target / RECORD).is_file():
+        shutil.rmtree(work, ignore_errors=True)  # a get killed after the move left its archives
+        _remove_if_empty(home / INCOMING)
         return target, False
     if target.exists():
         raise RaysimError(
             f"{target} exists but was not made by 'raysim data get': if it holds {name}, use it as it is "
             f"(runs read it); else move it away and run the command again"
         )
-    work = home / INCOMING / name
     try:
         work.mkdir(parents=True, exist_ok=True)
-        for number, archive in enumerate(known.archives, 1):
-            urls = [f"{mirror}/{name}/{archive.file}"] if mirror else list(archive.urls)
-            label = f"{name} {number}/{len(known.archives)} {archive.file}"
-            try:
-                fetch(urls, work / archive.file, archive.checksum, label, bar)
-            except ChecksumMismatch:  # another file than raysim's: none of its downloads is kept
-                shutil.rmtree(work, ignore_errors=True)
-                _remove_if_empty(home / INCOMING)
-                raise
-        unpacked = work / "unpacked"
-        if unpacked.exists():  # an unpacking cut short: redone from the archives
-            shutil.rmtree(unpacked)
-        for archive in known.archives:
-            _unpack(archive, work / archive.file, unpacked / archive.into)
-        if name == "domainnet":
-            _sort_domainnet(unpacked)
-        (unpacked / RECORD).write_text(json.dumps(_record(known), indent=1) + "\n")
-        os.replace(unpacked, target)
+        with _locked(work):
+            _download_and_unpack(known, work, target, mirror, bar)
+    except ChecksumMismatch:  # another file than raysim's: none of the downloads is kept
+        shutil.rmtree(work, ignore_errors=True)
+        _remove_if_empty(home / INCOMING)
+        raise
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
             raise RaysimError(
-                f"no space left on device while getting {name} into {home}: free some space (or set RAYSIM_DATA to "
+                f"no space left on device while getting {name} into {home}: free some space (or set {DATA_ENV} to "
                 "a larger disk) and run the same command again; the downloads are kept"
             ) from None
         raise RaysimError(f"cannot get {name} into {home} ({exc.strerror or exc}): {exc.filename or ''}") from None
@@ -76,11 +69,44 @@ def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Pa
     return target, True
 
 
+def _download_and_unpack(known: Entry, work: Path, target: Path, mirror: str | None, bar: bool) -> None:
+    for number, archive in enumerate(known.archives, 1):
+        urls = [f"{mirror}/{known.name}/{archive.file}"] if mirror else list(archive.urls)
+        label = f"{known.name} {number}/{len(known.archives)} {archive.file}"
+        fetch(urls, work / archive.file, archive.checksum, label, bar)
+    unpacked = work / "unpacked"
+    if unpacked.exists():  # an unpacking cut short: redone from the archives
+        shutil.rmtree(unpacked)
+    for archive in known.archives:
+        _unpack(archive, work / archive.file, unpacked / archive.into)
+    if known.name == "domainnet":
+        _sort_domainnet(unpacked)
+    (unpacked / RECORD).write_text(json.dumps(_record(known), indent=1) + "\n")
+    os.replace(unpacked, target)
+
+
 def _remove_if_empty(folder: Path) -> None:
     try:
         folder.rmdir()
     except OSError:
         pass
+
+
+@contextmanager
+def _locked(work: Path) -> Iterator[None]:
+    """One `get` of a dataset at a time (two would append to the same downloads)."""
+    import fcntl
+
+    fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RaysimError(f"another 'raysim data get' is getting {work.name}: wait for it to finish") from None
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def _record(known: Entry) -> dict:
@@ -97,7 +123,11 @@ def _unpack(archive: Archive, path: Path, into: Path) -> None:
                 shutil.copyfileobj(src, out, 1 << 20)
         elif archive.unpack == "tar":
             with tarfile.open(path) as tar:
-                tar.extractall(into, filter="data")
+                if hasattr(tarfile, "data_filter"):
+                    tar.extractall(into, filter="data")
+                else:  # a Python without extraction filters: the same refusals, made here
+                    _check_members(tar)
+                    tar.extractall(into)
         elif archive.unpack == "zip":
             with zipfile.ZipFile(path) as z:
                 z.extractall(into)
@@ -108,6 +138,14 @@ def _unpack(archive: Archive, path: Path, into: Path) -> None:
             f"{path.name} passed its checksum but cannot be unpacked ({type(exc).__name__}: {exc}): remove "
             f"{path} and run the command again"
         ) from None
+
+
+def _check_members(tar: tarfile.TarFile) -> None:
+    """What Python's "data" filter refuses: absolute or climbing paths, links, devices."""
+    for member in tar.getmembers():
+        path = Path(member.name)
+        if path.is_absolute() or ".." in path.parts or not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"member {member.name!r} would be written outside its folder or is not a file")
 
 
 def _sort_domainnet(folder: Path) -> None:

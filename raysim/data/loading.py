@@ -39,7 +39,10 @@ _LAYOUTS: dict[str, tuple[str, ...]] = {
 # What each name is (prose for `raysim data list` and errors); the facts come from its promise.
 _WHAT = {name: f"{p.what} ({p.shape_text()})" for name, p in PROMISES.items()}
 _WHAT["cinic10"] += ": ImageNet+CIFAR images; valid/ used only if no test/"
-_WHAT["domainnet"] = "DomainNet-style domain-skew data (RGB, resized to image_size, default 64; one domain per folder)"
+_WHAT["domainnet"] = (
+    f"DomainNet-style domain-skew data (RGB, resized to image_size, default {DOMAINNET_DEFAULT_SIZE}; "
+    "one domain per folder)"
+)
 _FOLDER_HINT = "train/<class>/*.png and test/<class>/*.png"
 _PARQUET_HINT = "train.parquet/test.parquet (Hugging Face layout)"
 

@@ -6,6 +6,7 @@ import logging
 import math
 import os
 import re
+import subprocess
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +14,8 @@ from contextlib import contextmanager
 import ray
 
 from raysim.config import ResourcesConfig
-from raysim.errors import RaysimError, first_line
+from raysim.data.home import DATA_ENV, data_home
+from raysim.errors import RaysimError, disk_full, first_line
 
 
 @contextmanager
@@ -42,7 +44,10 @@ def ray_session(resources: ResourcesConfig, address: str | None = None) -> Itera
             ray.shutdown()
         if watcher is not None:  # closing its pipe: it finds nothing left and exits
             watcher.stdin.close()
-            watcher.wait(timeout=30)
+            try:
+                watcher.wait(timeout=30)
+            except subprocess.TimeoutExpired:  # stuck: it must not hide what happened in the block
+                watcher.kill()
 
 
 def _start_private(resources: ResourcesConfig) -> None:
@@ -60,9 +65,12 @@ def _start_private(resources: ResourcesConfig) -> None:
     except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for a start-up timeout
         if ray.is_initialized():
             ray.shutdown()
+        if disk_full(exc) is not None:
+            raise
         raise RaysimError(
-            f"Ray could not start on this machine ({type(exc).__name__}: {first_line(exc)}): run the command again "
-            "when the machine is less busy, or start Ray yourself ('ray start --head') and pass --address"
+            f"Ray could not start on this machine ({type(exc).__name__}: {first_line(exc)}): if the machine is "
+            "busy, run the command again later (Ray's processes must start within its timeout); else start Ray "
+            "yourself ('ray start --head', which says why it fails) and pass --address"
         ) from None
 
 
@@ -73,7 +81,9 @@ def _connect(target: str) -> None:
         # beside the one line below: held back, and passed on only if the cluster answers
         with _stderr_held() as held, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Ray Client connection timed out", category=UserWarning)
-            ray.init(address=target, logging_level=logging.WARNING)
+            # the server actor runs on this node and reads transfer sets from this data home
+            runtime_env = {"env_vars": {DATA_ENV: str(data_home())}}
+            ray.init(address=target, logging_level=logging.WARNING, runtime_env=runtime_env)
             held.passed_on = True
     except (OSError, RuntimeError, ValueError) as exc:  # ConnectionError, TimeoutError: nothing answers there
         if ray.is_initialized():

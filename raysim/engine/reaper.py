@@ -67,7 +67,7 @@ def new_ray_descendants(driver: int, before: set[int], seen: dict[int, float]) -
 
 
 def session_processes(driver: int, since: float, seen: dict[int, float]) -> None:
-    """Add to `seen` this user's processes started since `since` that hold a file of the driver's
+    """Add to `seen` this user's Ray processes started since `since` that hold a file of the driver's
     Ray session open (its folder is named after the driver's pid)."""
     import psutil
 
@@ -76,8 +76,9 @@ def session_processes(driver: int, since: float, seen: dict[int, float]) -> None
         pid, created = process.info["pid"], process.info["create_time"]
         if pid in seen or pid == os.getpid() or created is None or created < since:
             continue
-        try:
-            if any(session.search(f.path) for f in process.open_files()):
+        try:  # a Ray process (not, say, a `tail -f` of its log)
+            ray = RAY_PROCESS.search(" ".join([process.name(), *process.cmdline()]))
+            if ray and any(session.search(f.path) for f in process.open_files()):
                 seen[pid] = created
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

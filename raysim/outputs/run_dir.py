@@ -25,6 +25,7 @@ line before anything is written (`refuse_links`, when the run's lock is taken).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,11 +207,11 @@ class RunDir:
         """The data the run was started on (data.json), None for a run that records none."""
         from raysim.data.identity import DataIdentity
 
-        if not self.data_file.is_file():
+        if not os.path.lexists(self.data_file):
             return None
         try:
-            data = json.loads(self.data_file.read_text())
-        except (ValueError, UnicodeDecodeError):
+            data = json.loads(self.data_file.read_text()) if self.data_file.is_file() else None
+        except (ValueError, UnicodeDecodeError, OSError):
             data = None
         return DataIdentity.from_dict(data, str(self.data_file))
 

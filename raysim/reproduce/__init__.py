@@ -129,11 +129,11 @@ def reproduce(
 def command_line(
     table: Table, scale: str, seeds: str | None, cells: str | None, methods: str | None, resources: list[str] = ()
 ) -> str:
-    """The command that writes this selection of the table (the folders as DIR and DATA: where the
-    runs and the datasets lie is the reader's)."""
+    """The command that writes this selection of the table (the folder as DIR: where the runs lie is
+    the reader's; the datasets are read from the reader's data home)."""
     parts = ["raysim reproduce", table.name, f"--scale {scale}"]
     parts += [
         f"--{flag} {value}" for flag, value in (("seeds", seeds), ("cells", cells), ("methods", methods)) if value
     ]
-    parts += [*resources, "--out DIR", "--data-root DATA"]
+    parts += [*resources, "--out DIR"]
     return " ".join(parts)

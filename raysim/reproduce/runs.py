@@ -18,6 +18,7 @@ from raysim.config import Config
 from raysim.data.home import dataset_folder, get_hint
 from raysim.errors import RaysimError, first_line, user_message
 from raysim.outputs.run_dir import RunDir
+from raysim.registry import algorithm_class
 from raysim.reproduce.table_file import Table
 
 
@@ -74,6 +75,7 @@ def plan_runs(
                     )
                 try:
                     config = config_from_dict(tree)
+                    algorithm_class(config.algorithm.name).check_inputs(config)  # a transfer set, say
                 except RaysimError as exc:
                     raise RaysimError(f"table {table.name}, cell {cell}, method {method}: {exc}") from None
                 runs.append(PlannedRun(cell, method, seed, config, RunDir(out / cell / method / f"s{seed}")))

@@ -30,7 +30,8 @@ A run's config is the cell's config at the chosen scale (or the method's own con
 where `method_config` names one: a method whose algorithm section differs between cells and scales,
 as FedDM's scaled-down settings do), with the method's `algorithm` section (if it gives one) in
 place of the config's, then the cell's and the method's overrides, the seed, and `dataset.root`
-under the data folder. The methods of a cell share everything but the algorithm (tested).
+under --data-root when one is given (else each run reads its dataset's folder in the data home). The
+methods of a cell share everything but the algorithm (tested).
 `paper_rounds` targets must be among the cell's `eval.targets` (tested), so that every run reports
 its rounds to them (summary.json's rounds_to_accuracy).
 """
@@ -226,15 +227,19 @@ class Table:
 
 
 def datasets_of_tables(tables: list[Table]) -> dict[str, list[str]]:
-    """dataset.name -> the tables whose cells read it (at either scale)."""
+    """dataset -> the tables whose runs read it (their dataset, or a transfer set), at either scale."""
+    from raysim.registry import algorithm_class
+
     used: dict[str, list[str]] = {}
     for table in tables:
-        first = next(iter(table.methods))
         for cell, c in table.cells.items():
-            for scale in c.config:
-                name = (table.config_tree(cell, first, scale, 0, None).get("dataset") or {}).get("name", "embedded")
-                if table.name not in used.setdefault(name, []):
-                    used[name].append(table.name)
+            for method in table.methods:
+                for scale in c.config:
+                    config = table.config(cell, method, scale, 0, None)
+                    extra = algorithm_class(config.algorithm.name).extra_datasets(config)
+                    for name in [config.dataset.name, *(name for name, _, _ in extra)]:
+                        if table.name not in used.setdefault(name, []):
+                            used[name].append(table.name)
     return used
 
 
