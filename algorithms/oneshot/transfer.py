@@ -6,8 +6,9 @@ CIFAR-100 (FedDF's own choice for CIFAR-10); for CIFAR-100 and SVHN, CIFAR-10. A
 the folder of that name beside the run's dataset folder: beside `dataset.root` (../shared/data/mnist
 beside ../shared/data/fashion_mnist), or in the data home when dataset.root is unset. The training
 images are resized to the run's size (bilinear, antialiased) and converted to its channels (grey
-repeated to RGB, RGB to luminance); labels are never read. A run may also name its own dataset (its training images without their labels: an
-in-distribution transfer set, which a one-shot server would not have).
+repeated to RGB, RGB to luminance); labels are never read. A run may also name its own dataset (its
+training images without their labels: an in-distribution transfer set, which a one-shot server
+would not have).
 """
 
 from __future__ import annotations
