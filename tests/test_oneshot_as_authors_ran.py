@@ -256,9 +256,8 @@ def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_p
     # a missing transfer set is one line before the clients train
     from raysim.errors import RaysimError
 
-    with pytest.raises(
-        RaysimError, match=r"the unlabelled images \(cifar10 at .*nothing\) cannot be read: set algorithm.distill_root"
-    ):
+    missing = r"the unlabelled images \(cifar10\) are not at .*nothing: get it with 'raysim data get cifar10'"
+    with pytest.raises(RaysimError, match=missing):
         run(tmp_path, "feddf-missing", **{**source, "algorithm.distill_root": str(tmp_path / "nothing")})
 
 

@@ -62,7 +62,7 @@ def test_smoke_table_is_written_beside_the_papers_figures(smoke):
         assert float(value) > 30  # ten classes: far above chance after 3 rounds
     assert (out / "curves.png").stat().st_size > 10_000
     assert (out / "curves_mb.png").stat().st_size > 10_000  # the table's figures: [rounds, mb]
-    assert "raysim reproduce smoke --scale cpu --out DIR --data-root DATA" in table  # what regenerates it
+    assert "raysim reproduce smoke --scale cpu --out DIR" in table  # what regenerates it
     assert re.search(r"^\| FMNIST sample, Dir\(0.5\) \| FedAvg \| \d+\.\d( \+- \d+\.\d)? \|$", table, re.M)  # extra
     assert "[4/4]" in done.stderr
     print(f"smoke table: {seconds:.0f} s")

@@ -41,7 +41,7 @@ def check_extra_dataset(name: str, folder: str | os.PathLike, keys: str) -> None
     """One line when a dataset a run reads besides its own (a transfer set) is not at `folder`;
     `keys` names the config keys that choose it ("algorithm.distill_dataset/distill_root")."""
     dataset_key, root_key = keys.split("/")
-    if not Path(folder).expanduser().exists():
+    if name != "embedded" and not Path(folder).expanduser().exists():  # the embedded sample has no folder
         raise RaysimError(
             f"the unlabelled images ({name}) are not at {folder}: {get_hint(name)}, or set algorithm.{root_key} "
             f"to their folder or {dataset_key} to another dataset"
