@@ -30,6 +30,7 @@ import numpy as np
 
 from raysim.config import Config
 from raysim.config.load import config_from_dict
+from raysim.data.home import dataset_folder
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 
@@ -47,9 +48,14 @@ DEFAULTS = {
 
 def _bench_config(opts: dict) -> Config:
     root = opts["root"]
-    if opts["dataset"] == "mnist" and root is None:
-        candidate = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
-        root = str(candidate) if candidate.is_dir() else None
+    if opts["dataset"] == "mnist" and root is None:  # the data home's MNIST, else the shared copy, else embedded
+        for candidate in (
+            dataset_folder("mnist", None),
+            Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist",
+        ):
+            if candidate.is_dir():
+                root = str(candidate)
+                break
         if root is None:
             opts["dataset"] = "embedded"
     return config_from_dict(
