@@ -117,29 +117,9 @@ def test_a_sigkilled_driver_leaves_no_ray_processes_behind(tmp_path):
         assert "raylet" in names and "DashboardAgent" in names, names
         os.kill(proc.pid, signal.SIGKILL)  # the driver alone
         proc.wait()
-
-        def left() -> list[str]:
-            alive = []
-            for p in ray_processes:
-                try:
-                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                        alive.append(p.name())
-                except psutil.NoSuchProcess:
-                    pass
-            return alive
-
-        deadline = time.time() + 20
-        while left() and time.time() < deadline:
-            time.sleep(0.5)
-        assert not left(), f"still running 20 s after the driver was killed: {left()}"
+        assert_gone_within(ray_processes, 20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for p in ray_processes:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        kill_all(proc, ray_processes)
 
 
 def test_a_driver_killed_as_rays_agents_start_leaves_none_of_them_behind():
@@ -148,8 +128,6 @@ def test_a_driver_killed_as_rays_agents_start_leaves_none_of_them_behind():
     them for about 80 s)."""
     import json
     import signal
-
-    import psutil
 
     script = """
 import json, os, signal, threading, time
@@ -193,29 +171,9 @@ with ray_session(ResourcesConfig(num_cpus=1, object_store_mb=80)):
         started = json.loads(out)  # Ray's processes when the driver was killed: [pid, start time, command, agent]
         assert any(agent for *_, agent in started), started
         processes = [p for p in (_process(pid, created) for pid, created, *_ in started) if p is not None]
-
-        def left() -> list[str]:
-            alive = []
-            for p in processes:
-                try:
-                    if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                        alive.append(p.name())
-                except psutil.NoSuchProcess:
-                    pass
-            return alive
-
-        deadline = time.time() + 20
-        while left() and time.time() < deadline:
-            time.sleep(0.5)
-        assert not left(), f"still running 20 s after the driver was killed: {left()}"
+        assert_gone_within(processes, 20)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        for p in processes:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
+        kill_all(proc, processes)
 
 
 def _process(pid: int, created: float):
@@ -227,3 +185,38 @@ def _process(pid: int, created: float):
         return process if abs(process.create_time() - created) < 1e-3 else None
     except psutil.Error:
         return None
+
+
+def assert_gone_within(processes: list, seconds: float) -> None:
+    """Every one of `processes` (psutil) ends within `seconds` of the driver's death."""
+    import psutil
+
+    def left() -> list[str]:
+        alive = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p.name())
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+    deadline = time.time() + seconds
+    while left() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not left(), f"still running {seconds} s after the driver was killed: {left()}"
+
+
+def kill_all(driver: subprocess.Popen, processes: list) -> None:
+    """The test's leftovers, whatever it asserted: the driver's process group and `processes`."""
+    import signal
+
+    import psutil
+
+    if driver.poll() is None:
+        os.killpg(driver.pid, signal.SIGKILL)
+    for p in processes:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
