@@ -95,7 +95,10 @@ def read_data(config: Config) -> tuple[ArrayDataset, DataIdentity]:
 
 def check_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
     """A run continues only on the data it started on: one line naming both if they differ."""
-    recorded = run_dir.read_data()
+    _refuse_other_data(run_dir, run_dir.read_data(), identity, root)
+
+
+def _refuse_other_data(run_dir: RunDir, recorded: DataIdentity | None, identity: DataIdentity, root) -> None:
     if recorded is not None and recorded.digest != identity.digest:
         where = "the embedded sample" if identity.name == "embedded" else dataset_folder(identity.name, root)
         raise RaysimError(
@@ -107,15 +110,17 @@ def check_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> Non
 def record_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
     """data.json at the run's start; a resumed run is checked against it first. A run that records
     none (made before raysim recorded its data) cannot be checked: said in one line, then recorded."""
-    check_data(run_dir, identity, root)
-    if run_dir.read_data() is None:
-        if run_dir.checkpoint_file.exists() or run_dir.previous_checkpoint_file.exists():
-            print(
-                f"note: '{run_dir}' records no data (made by an older raysim): the data at hand, "
-                f"{identity.describe()}, are recorded now and cannot be checked against what it ran on",
-                file=sys.stderr,
-            )
-        run_dir.write_data(identity)
+    recorded = run_dir.read_data()
+    if recorded is not None:
+        _refuse_other_data(run_dir, recorded, identity, root)
+        return
+    if run_dir.checkpoint_file.exists() or run_dir.previous_checkpoint_file.exists():
+        print(
+            f"note: '{run_dir}' records no data (made by an older raysim): the data at hand, "
+            f"{identity.describe()}, are recorded now and cannot be checked against what it ran on",
+            file=sys.stderr,
+        )
+    run_dir.write_data(identity)
 
 
 def normalisation(config: Config, dataset: ArrayDataset) -> tuple[np.ndarray, np.ndarray]:
