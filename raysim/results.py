@@ -76,6 +76,11 @@ class RunRecord:
             self._curves = read_curves(self.path)
         return self._curves
 
+    def total(self, curve: str) -> float | None:
+        """A cumulative curve's value at the end of the run (None where the run has no such curve)."""
+        series = self.curves().get(curve)
+        return float(series[1][-1]) if series is not None and len(series[1]) else None
+
 
 def read_run(path: str | Path) -> RunRecord:
     summary, config = RunDir(path).read_summary_and_config()
@@ -83,20 +88,66 @@ def read_run(path: str | Path) -> RunRecord:
 
 
 def read_curves(run_dir: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """A run's server curves from metrics.parquet: {"accuracy" | "loss": (evaluated rounds, values),
-    "mb_moved": (rounds, cumulative bytes up + down in MB)}."""
-    rows = [r for r in RunDir(run_dir).read_metrics_rows(["round", "client", "metric", "value"]) if r["client"] is None]
+    """A run's curves from metrics.parquet, each (rounds, values):
+    "accuracy" and "loss": the server's, at its evaluated rounds;
+    "mb_moved": cumulative megabytes up + down after each round;
+    "compute_s": cumulative seconds of work after each round, the clients' (their steps, summed
+    over the participants: the time one machine would spend) plus the server's update;
+    "macs": cumulative multiply-accumulates of the same work, where the run counted them
+    (eval.count_macs; raysim.macs), else absent."""
+    rows = RunDir(run_dir).read_metrics_rows(["round", "client", "metric", "value"])
 
-    def series(*metrics: str) -> tuple[np.ndarray, np.ndarray]:
+    def series(metrics: tuple[str, ...], clients: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The server's values of `metrics` per round (the clients' summed, with `clients`)."""
         by_round: dict[int, float] = {}
         for r in rows:
-            if r["metric"] in metrics:
+            if r["metric"] in metrics and (r["client"] is not None) == clients:
                 by_round[r["round"]] = by_round.get(r["round"], 0.0) + r["value"]
         rounds = np.array(sorted(by_round), dtype=np.int64)
         return rounds, np.array([by_round[r] for r in rounds], dtype=float)
 
-    rounds, moved = series("bytes_up", "bytes_down")
-    return {"accuracy": series("accuracy"), "loss": series("loss"), "mb_moved": (rounds, np.cumsum(moved) / 1e6)}
+    curves = {"accuracy": series(("accuracy",)), "loss": series(("loss",))}
+    rounds, moved = series(("bytes_up", "bytes_down"))
+    curves["mb_moved"] = (rounds, np.cumsum(moved) / 1e6)
+    for name, server, client in (("compute_s", "time_server_update_s", "time_s"), ("macs", "macs_server", "macs")):
+        parts = {"server": dict(zip(*series((server,)))), "clients": dict(zip(*series((client,), clients=True)))}
+        if not any(parts.values()):
+            continue
+        rounds = np.array(sorted(set(parts["server"]) | set(parts["clients"])), dtype=np.int64)
+        for part, by_round in parts.items():  # e.g. "macs_clients": the clients' share alone
+            curves[f"{name}_{part}"] = (rounds, np.cumsum([by_round.get(r, 0.0) for r in rounds]))
+        curves[name] = (rounds, curves[f"{name}_server"][1] + curves[f"{name}_clients"][1])
+    return curves
+
+
+def at_round(series: tuple[np.ndarray, np.ndarray], round_index: int) -> float | None:
+    """A cumulative series' value by the end of `round_index` (0 before its first round; None: empty)."""
+    rounds, values = series
+    if not len(rounds):
+        return None
+    before = values[rounds <= round_index]
+    return float(before[-1]) if len(before) else 0.0
+
+
+def cost_to(records: list[RunRecord], target: str, curve: str = "mb_moved") -> Stat | str:
+    """What the seeds spent (a cumulative curve: MB moved, compute seconds, MACs) by the first round
+    reaching `target` (summary.json's rounds_to_accuracy): their Stat, or, when a seed never reached
+    it, `>X` with X the least any such seed spent in all (and `(k/n)` the seeds that reached it);
+    `-`: no run asked for this target or has this curve."""
+    asked = [r for r in records if target in (r.summary.get("rounds_to_accuracy") or {}) and curve in r.curves()]
+    if not asked:
+        return "-"
+    spent, never = [], []
+    for r in asked:
+        reached = r.summary["rounds_to_accuracy"][target]
+        series = r.curves()[curve]
+        if reached is None:
+            never.append(float(series[1][-1]) if len(series[1]) else 0.0)
+        else:
+            spent.append(at_round(series, reached))
+    if never:
+        return f">{min(never):.3g}" + (f" ({len(spent)}/{len(asked)})" if spent else "")
+    return stat(spent)
 
 
 def mb_moved(summary: dict[str, Any]) -> float | None:

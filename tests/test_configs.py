@@ -152,7 +152,7 @@ def broken(checks) -> str:
 
 # ------------------------------------------------------------------ every config
 
-RUN_SUFFIX = {"fedhydra": " "}  # the FedHydra commands always go on (algorithm.name=<method>)
+RUN_SUFFIX = {"fedhydra": " ", "benchmark": " "}  # these commands always go on (algorithm.name=<method>)
 
 
 def test_every_config_validates():

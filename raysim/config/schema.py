@@ -134,6 +134,10 @@ class EvalConfig:
     # dataset only (not on the run's seed): every seed and setting is tuned on the same images.
     split: str = "test"
     validation_fraction: float = 0.1
+    # Count the multiply-accumulates of the clients' and the server's work (raysim/macs.py): `macs`
+    # per client and `macs_server` per round in metrics.parquet. Off by default: the counting hook
+    # slows every layer call a little; it changes no number.
+    count_macs: bool = False
 
 
 @dataclass(frozen=True)

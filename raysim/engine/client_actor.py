@@ -16,6 +16,7 @@ from raysim.algorithm import ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
+from raysim.macs import counting
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import serialized_nbytes
@@ -100,7 +101,8 @@ class ClientRuntime:
             state=self.states.load(client, round_index),
             generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client),
         )
-        message = self.algorithm.client_update(payload, data, self.ctx)
+        with counting(self.config.eval.count_macs) as macs:
+            message = self.algorithm.client_update(payload, data, self.ctx)
         self.states.save(client, round_index, data.state)
         bytes_up = self.algorithm.upload_bytes(message)
         return {
@@ -110,6 +112,7 @@ class ClientRuntime:
             "metrics": dict(data.metrics),
             "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
             "seconds": time.perf_counter() - start,
+            "macs": None if macs is None else macs.total,
             "peak_memory_mb": peak_memory_mb(self.device),
             "incarnation": self.incarnation,
         }

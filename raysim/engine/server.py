@@ -26,6 +26,7 @@ from raysim.engine.client_actor import to_model_input
 from raysim.engine.delivery import Delivery
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.errors import RaysimError
+from raysim.macs import counting
 from raysim.outputs.callbacks import (
     Callback,
     CheckpointFile,
@@ -190,7 +191,8 @@ class ServerRuntime:
         peaks = [results[k]["peak_memory_mb"] for k in sampled if results[k]["peak_memory_mb"] is not None]
         self.clients_peak_mb = max([self.clients_peak_mb, *peaks])
         replies = [Reply(k, results[k]["num_samples"], results[k]["message"]) for k in sampled]
-        self.state = self.algorithm.server_update(self.state, replies, round_index, self.ctx)
+        with counting(config.eval.count_macs) as server_macs:
+            self.state = self.algorithm.server_update(self.state, replies, round_index, self.ctx)
         t3 = time.perf_counter()
 
         values: dict[str, float] = {}
@@ -213,6 +215,8 @@ class ServerRuntime:
                 "time_eval_s": t4 - t3,
             }
         )
+        if server_macs is not None:
+            values["macs_server"] = server_macs.total
         client_values: list[tuple[int, str, float]] = []
         for k in sampled:
             client_values += [
@@ -220,6 +224,8 @@ class ServerRuntime:
                 (k, "bytes_down", bytes_down[k]),
                 (k, "time_s", results[k]["seconds"]),
             ]
+            if results[k].get("macs") is not None:
+                client_values.append((k, "macs", results[k]["macs"]))
             client_values += [(k, name, value) for name, value in results[k]["metrics"].items()]
         client_values += log.client_values
         self.completed = round_index

@@ -1,7 +1,14 @@
-"""A reproduced table's figures: per cell, each method's test accuracy (the mean over its finished
-seeds, the band from the lowest to the highest seed) against the rounds (curves.png) or against the
-megabytes moved up and down so far (curves_mb.png: the mean over the seeds at each round; FedAF's
-paper leads with this picture)."""
+"""A reproduced table's figures, one panel per cell, each method's mean over its finished seeds:
+
+- `rounds` (curves.png): test accuracy against the rounds, the band from the lowest to the highest seed;
+- `mb` (curves_mb.png): test accuracy against the megabytes moved up and down so far (FedAF's paper
+  leads with this picture); a method that moves all its bytes in its first round (a one-shot method)
+  is a point, its table figure at its bytes, not a vertical line;
+- `compute` (curves_compute.png): test accuracy against the work done so far, clients' and server's:
+  multiply-accumulates where every run of the panel counted them (eval.count_macs), else seconds;
+- `pareto` (pareto.png): each method's table figure (mean, bar: std over seeds) against the megabytes
+  it moved in all, on a log axis, with the front of the methods no other beats on both.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +21,16 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png"}
-X_LABELS = {"rounds": "round", "mb": "MB moved (up + down, cumulative)"}
+from raysim.results import stat
+
+FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png", "compute": "curves_compute.png", "pareto": "pareto.png"}
+X_LABELS = {
+    "rounds": "round",
+    "mb": "MB moved (up + down, cumulative)",
+    "macs": "compute (GMACs, clients + server, cumulative)",
+    "compute_s": "compute (seconds, clients + server, cumulative)",
+    "pareto": "MB moved in all (up + down, log scale)",
+}
 
 
 def write_curves(table, measured, cells: list[str], methods: list[str], path: Path, axis: str = "rounds") -> Path:
@@ -25,41 +40,100 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
     FigureCanvasAgg(fig)
     for i, cell in enumerate(cells):
         ax = fig.add_subplot(rows, columns, i + 1)
-        for method in methods:
-            m = measured.get((cell, method))
-            if m is None or not m.records:
-                continue
-            curves = [r.curves() for r in m.records]
-            rounds = sorted(set().union(*(c["accuracy"][0].tolist() for c in curves)))
-            if not rounds:
-                continue
-            # a seed without an evaluation at some round leaves a gap there, not the whole curve
-            values = np.array([_at(c["accuracy"], rounds) for c in curves]) * 100
-            x = (
-                np.array(rounds, dtype=float)
-                if axis == "rounds"
-                else np.nanmean([_at(c["mb_moved"], rounds) for c in curves], axis=0)
-            )
-            mean = np.nanmean(values, axis=0)
-            marker = "o" if len(rounds) <= 3 else None  # a one-shot method is a point or two, not a curve
-            line = ax.plot(x, mean, label=table.methods[method].label, marker=marker)[0]
-            if len(curves) > 1:
-                low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
-                ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
-        ax.set_title(table.cells[cell].label, fontsize=10)
-        ax.set_xlabel(X_LABELS[axis])
-        if axis == "rounds":
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylabel("test accuracy (%)")
+        present = [m for m in methods if measured.get((cell, m)) is not None and measured[(cell, m)].records]
+        if axis == "pareto":
+            _pareto_panel(ax, table, measured, cell, present)
+        else:
+            _curves_panel(ax, table, measured, cell, present, axis)
+        ax.set_title(table.cells[cell].label, fontsize=10)
         ax.grid(alpha=0.3)
         if ax.get_lines():
-            ax.legend(fontsize=8)
+            ax.legend(fontsize=7 if len(present) > 8 else 8, ncols=2 if len(present) > 8 else 1)
     fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
     fig.tight_layout()
     from raysim.outputs.files import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".")))  # never through a link
     return path
+
+
+def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str) -> None:
+    curve = {"mb": "mb_moved", "compute": _compute_curve(measured, cell, methods)}.get(axis)
+    for method in methods:
+        m = measured[(cell, method)]
+        curves = [r.curves() for r in m.records]
+        rounds = sorted(set().union(*(c["accuracy"][0].tolist() for c in curves)))
+        if not rounds or (curve is not None and any(curve not in c for c in curves)):
+            continue
+        label = table.methods[method].label
+        if axis == "mb" and all(_moved_at_once(c["mb_moved"]) for c in curves) and len(rounds) > 1:
+            figure = m.stat(table.metric)
+            bytes_ = np.mean([c["mb_moved"][1][-1] for c in curves])
+            ax.errorbar([bytes_], [figure.mean], yerr=[figure.std or 0], marker="D", capsize=3, label=label)
+            continue
+        # a seed without an evaluation at some round leaves a gap there, not the whole curve
+        values = np.array([_at(c["accuracy"], rounds) for c in curves]) * 100
+        x = np.array(rounds, dtype=float)
+        if curve is not None:
+            x = np.nanmean([_at(c[curve], rounds) for c in curves], axis=0) / (1e9 if curve == "macs" else 1)
+        mean = np.nanmean(values, axis=0)
+        marker = "o" if len(rounds) <= 3 else None  # a method evaluated once or twice is a point or two
+        line = ax.plot(x, mean, label=label, marker=marker)[0]
+        if len(curves) > 1:
+            low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
+            ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
+    ax.set_xlabel(X_LABELS["rounds" if curve is None else "mb" if curve == "mb_moved" else curve])
+    if axis == "rounds":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _compute_curve(measured, cell: str, methods: list[str]) -> str:
+    """MACs when every run of the panel counted them, else seconds (one unit per panel)."""
+    records = [r for m in methods for r in measured[(cell, m)].records]
+    return "macs" if records and all("macs" in r.curves() for r in records) else "compute_s"
+
+
+def _moved_at_once(series: tuple[np.ndarray, np.ndarray]) -> bool:
+    """All of a run's bytes moved in its first round (and some moved)."""
+    values = series[1]
+    return len(values) > 1 and values[-1] > 0 and values[0] == values[-1]
+
+
+def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
+    points = []
+    for method in methods:
+        m = measured[(cell, method)]
+        figure, moved = m.stat(table.metric), stat([r.total("mb_moved") for r in m.records])
+        if figure.mean is None or moved.mean is None or moved.mean <= 0:
+            continue
+        ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, label=None)
+        ax.annotate(
+            table.methods[method].label,
+            (moved.mean, figure.mean),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+        points.append((moved.mean, figure.mean))
+    front = pareto_front(points)
+    if front:
+        xs, ys = zip(*front)
+        ax.step(xs, ys, where="post", color="black", alpha=0.6, label="front: no method moves less for more")
+    ax.set_xscale("log")
+    ax.set_xlabel(X_LABELS["pareto"])
+    ax.set_ylabel(f"{table.metric.replace('_accuracy', '').replace('last5', 'last-5')} test accuracy (%)")
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (cost, accuracy) points no other point beats on both (less or equal cost and higher
+    accuracy, or less cost and equal accuracy), by increasing cost."""
+    front, best = [], -math.inf
+    for cost, accuracy in sorted(points, key=lambda p: (p[0], -p[1])):
+        if accuracy > best:
+            front.append((cost, accuracy))
+            best = accuracy
+    return front
 
 
 def _at(series: tuple[np.ndarray, np.ndarray], rounds: list[int]) -> list[float]:

@@ -87,6 +87,7 @@ def plan_runs(
 NEUTRAL_KEYS = {
     "dataset.root",  # where the same data lie on this machine (the data themselves: data.json, checked)
     "dataset.verify",
+    "eval.count_macs",
     "resources.actors",
     "resources.in_process",
     "resources.address",

@@ -24,7 +24,10 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
       cka_label_spearman: {label: "CKA-label rho (last round)"}
       ensemble_accuracy: {label: "average ensemble", unit: percent}
       bytes_up: {label: "MB up", unit: MB}
-    figures: [rounds, mb]              # accuracy curves against rounds (curves.png) and MB moved (curves_mb.png)
+    figures: [rounds, mb]              # accuracy against rounds (curves.png), MB moved (curves_mb.png),
+                                       # compute (curves_compute.png), and the accuracy-MB front (pareto.png)
+    leaderboard: true                  # per cell, the methods ranked by `metric` with what each spent:
+                                       # MB in all and to each eval.targets accuracy, compute, peak memory
 
 A run's config is the cell's config at the chosen scale (or the method's own config of the cell,
 where `method_config` names one: a method whose algorithm section differs between cells and scales,
@@ -55,7 +58,9 @@ from raysim.errors import RaysimError, need
 TABLES_DIR = CONFIGS_ROOT / "tables"
 Scale = Literal["cpu", "paper"]
 Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy"]
-Axis = Literal["rounds", "mb"]  # a figure's x axis: rounds, or cumulative megabytes moved up and down
+# a figure's x axis: rounds, cumulative megabytes moved up and down, cumulative compute, or the
+# Pareto picture of the table's figure against the megabytes moved in all (raysim.reproduce.curves)
+Axis = Literal["rounds", "mb", "compute", "pareto"]
 SCALES = typing.get_args(Scale)
 METRICS = typing.get_args(Metric)
 _ORDERING = re.compile(r"^\s*([\w.-]+)\s*>\s*([\w.-]+)\s*$")
@@ -142,6 +147,7 @@ class Table:
     minutes: dict[Scale, dict[str, float]] = field(default_factory=dict)  # a run's minutes, reference machine
     extra: dict[str, Extra | None] = field(default_factory=dict)  # summary.json key (dotted) -> how it is shown
     figures: list[Axis] = field(default_factory=lambda: ["rounds"])  # accuracy against each axis, per cell
+    leaderboard: bool = False  # per cell, methods ranked by `metric` beside their bytes, compute and memory
     name: str = field(default="", init=False)
     path: Path = field(default=Path(), init=False)
 

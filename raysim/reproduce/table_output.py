@@ -19,7 +19,7 @@ from typing import Any
 from raysim.errors import RaysimError
 from raysim.reproduce.runs import PlannedRun, is_finished
 from raysim.reproduce.table_file import METRICS, Table
-from raysim.results import RunRecord, Stat, mb_moved, read_run, rounds_to, stat
+from raysim.results import RunRecord, Stat, cost_to, mb_moved, read_run, rounds_to, stat
 
 SHORT = {"last5_accuracy": "last-5", "final_accuracy": "final", "best_accuracy": "best"}
 
@@ -156,6 +156,78 @@ def _paper_rounds(paper: dict[str, int | None], target: str) -> str:
     return "-" if paper[target] is None else str(paper[target])
 
 
+# what a leaderboard shows of a run's spending: (key, heading, curve or summary.json key, scale)
+SPENT = (
+    ("mb", "MB in all", "mb_moved", 1.0),
+    ("client_s", "clients (s)", "compute_s_clients", 1.0),
+    ("server_s", "server (s)", "compute_s_server", 1.0),
+    ("client_gmacs", "clients (GMACs)", "macs_clients", 1e-9),
+    ("server_gmacs", "server (GMACs)", "macs_server", 1e-9),
+)
+PEAKS = (
+    ("client_peak_mb", "peak MB, a client actor", "peak_memory_mb.clients"),
+    ("server_peak_mb", "peak MB, server", "peak_memory_mb.server"),
+)
+
+
+def leaderboard_rows(
+    table: Table, measured: dict[tuple[str, str], Measured], cells: list[str], methods: list[str]
+) -> list[dict[str, Any]]:
+    """Per cell, the methods with finished seeds ranked by the table's metric (mean over seeds), each
+    with what it spent (mean over seeds): megabytes in all and to each eval.targets accuracy, the
+    clients' and the server's compute in seconds and, where counted, MACs, and the peak memory."""
+    rows = []
+    for cell_name in cells:
+        ranked = []
+        for method in methods:
+            m = measured.get((cell_name, method), Measured())
+            figure = m.stat(table.metric)
+            if figure.mean is None:
+                continue
+            row: dict[str, Any] = {"cell": cell_name, "method": method, "seeds": figure.n}
+            row["mean"], row["std"] = figure.mean, figure.std
+            for metric in METRICS:
+                row[SHORT[metric]] = m.stat(metric).mean
+            for key, _, curve, scale in SPENT:
+                spent = stat([r.total(curve) for r in m.records])
+                row[key] = None if spent.mean is None else spent.mean * scale
+            for key, _, summary_key in PEAKS:
+                row[key] = m.stat(summary_key, 1.0).mean
+            targets = sorted({t for s in m.summaries for t in s.get("rounds_to_accuracy") or {}}, key=float)
+            row["mb_to"] = {t: cost_to(m.records, t) for t in targets}
+            ranked.append(row)
+        ranked.sort(key=lambda r: -r["mean"])
+        rows += [{**r, "rank": i + 1} for i, r in enumerate(ranked)]
+    return rows
+
+
+def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for cell_name in dict.fromkeys(r["cell"] for r in rows):
+        mine = [r for r in rows if r["cell"] == cell_name]
+        targets = list(dict.fromkeys(t for r in mine for t in r["mb_to"]))
+        key = SHORT[table.metric]
+        headings = [f"{key} (%)", "best", "final", *(h for _, h, _, _ in SPENT)]
+        headings += [f"MB to {float(t) * 100:g}%" for t in targets] + [h for _, h, _ in PEAKS]
+        lines += ["", f"Leaderboard, {table.cells[cell_name].label} (ranked by {key}; spending: mean over seeds):", ""]
+        lines += [f"| # | method | {' | '.join(headings)} | seeds |", "|---|---|" + "---|" * (len(headings) + 1)]
+        for r in mine:
+            cells = [shown(r["mean"], r["std"]), _number(r["best"]), _number(r["final"])]
+            cells += [_number(r[k]) for k, _, _, _ in SPENT]
+            cells += [_spent(r["mb_to"].get(t, "-")) for t in targets]
+            cells += [_number(r[k], digits=0) for k, _, _ in PEAKS]
+            lines.append(f"| {r['rank']} | {table.methods[r['method']].label} | {' | '.join(cells)} | {r['seeds']} |")
+    return lines
+
+
+def _number(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:,.{digits}f}"
+
+
+def _spent(value: Stat | str) -> str:
+    return value if isinstance(value, str) else value.shown(digits=1)
+
+
 TABLE_FILES = ("table.md", "table.csv")
 
 
@@ -190,8 +262,9 @@ def write_outputs(
     rows = method_rows(table, measured, cells, methods)
     orderings = ordering_rows(table, measured, cells, methods)
     rounds = rounds_rows(table, measured, cells, methods)
-    write_text(out / TABLE_FILES[0], markdown(table, scale, rows, orderings, rounds, command))
-    write_text(out / TABLE_FILES[1], as_csv(table, scale, rows, orderings, rounds))
+    board = leaderboard_rows(table, measured, cells, methods) if table.leaderboard else []
+    write_text(out / TABLE_FILES[0], markdown(table, scale, rows, orderings, rounds, command, board))
+    write_text(out / TABLE_FILES[1], as_csv(table, scale, rows, orderings, rounds, board))
     written = [out / name for name in TABLE_FILES]
     if any(m.seeds for m in measured.values()):
         from raysim.reproduce.curves import FIGURE_FILES, write_curves
@@ -208,11 +281,14 @@ def markdown(
     orderings: list[dict[str, Any]],
     rounds: list[dict[str, Any]] = (),
     command: str = "",
+    board: list[dict[str, Any]] = (),
 ) -> str:
     keys = [SHORT[table.metric]] + [SHORT[m] for m in METRICS if m != table.metric]
     lines = [f"# {table.title}", ""]
     if command:
         lines += ["```bash", command, "```", ""]
+    if board:
+        lines += _leaderboard_markdown(table, board)[1:] + ["", "All figures:", ""]
     lines += [
         f"Table `{table.name}` at {scale} scale ({table.source}). Accuracy in percent: mean +- std over the "
         f"finished seeds (sample std, n = seeds); the paper's figure is at its own scale. Per seed: {keys[0]}.",
@@ -272,10 +348,12 @@ def as_csv(
     rows: list[dict[str, Any]],
     orderings: list[dict[str, Any]],
     rounds: list[dict[str, Any]] = (),
+    board: list[dict[str, Any]] = (),
 ) -> str:
     buffer = io.StringIO()
     fields = ["table", "scale", "kind", "cell", "method", *[k for k in rows[0] if k not in ("cell", "method")]]
     fields += ["ordering", "holds_in_paper", "holds", "target", "paper_rounds", "rounds", "reached"]
+    fields += ["rank", "mean", "std", *(k for k, _, _, _ in SPENT), *(k for k, _, _ in PEAKS), "mb_to"]
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
@@ -286,6 +364,9 @@ def as_csv(
         )
     for r in rounds:
         writer.writerow({"table": table.name, "scale": scale, "kind": "rounds", **r})
+    for r in board:  # mb_to as target=MB pairs (">X (k/n)" where a seed never reached the target)
+        mb_to = " ".join(f"{t}={_spent(v)}" for t, v in r["mb_to"].items())
+        writer.writerow({"table": table.name, "scale": scale, "kind": "leaderboard", **_rounded(r), "mb_to": mb_to})
     return buffer.getvalue()
 
 

@@ -1,0 +1,67 @@
+"""Multiply-accumulates counted while models run (`eval.count_macs`), for the cost of a method's
+client and server work beside its seconds.
+
+A process-wide forward hook (torch.nn.modules.module.register_module_forward_hook) adds, for
+every linear and convolution layer that runs inside `counting()`, its multiply-accumulates: a
+linear layer out.numel() x in_features, a convolution out.numel() x in_channels / groups x kernel
+size. A forward pass with gradients enabled is counted with the backward pass it is run for: one
+more forward's worth for the gradient of the input (when the input needs one) and one for the
+gradient of the weights (when they need one), the usual 1:2 rule of a training step. So a client's
+SGD step counts 3 forwards (2 in the first layer, whose input needs no gradient), a frozen teacher
+behind a generator 2, an evaluation 1.
+
+What it leaves out, on purpose: layers other than linear and convolution (norms, activations,
+pooling: a few percent of a small CNN's MACs), operations outside modules (torch.func's
+higher-order gradients through DynaFed's unrolled steps are counted as one backward), and models
+under torch.compile, whose compiled graphs do not call module hooks. The counts are a measure for
+comparing methods, not a profiler's.
+
+Cost: the hook puts every module call on PyTorch's slower path (a few microseconds a layer), which
+is why counting is off unless a config asks for it; the numbers a run computes do not change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+_CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+class MacCounter:
+    """The multiply-accumulates of the layers run while it is installed (`counting`)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def __call__(self, module: nn.Module, inputs: tuple, output) -> None:
+        if isinstance(module, nn.Linear):
+            forward = output.numel() * module.in_features
+        elif isinstance(module, _CONVOLUTIONS):
+            forward = output.numel() * (module.in_channels // module.groups) * math.prod(module.kernel_size)
+        else:
+            return
+        passes = 1
+        if torch.is_grad_enabled():
+            first = inputs[0] if inputs else None
+            passes += int(isinstance(first, torch.Tensor) and first.requires_grad)
+            passes += int(any(p.requires_grad for p in module.parameters(recurse=False)))
+        self.total += forward * passes
+
+
+@contextlib.contextmanager
+def counting(enabled: bool = True) -> Iterator[MacCounter | None]:
+    """Count the MACs of every linear and convolution layer run inside; None when not `enabled`."""
+    if not enabled:
+        yield None
+        return
+    counter = MacCounter()
+    handle = nn.modules.module.register_module_forward_hook(counter)
+    try:
+        yield counter
+    finally:
+        handle.remove()

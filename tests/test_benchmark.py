@@ -1,0 +1,184 @@
+"""The benchmark's measures: multiply-accumulates counted as layers run (raysim.macs), what a run spent
+to reach a target (raysim.results.cost_to), the accuracy-bytes front, the leaderboard, and the
+benchmark table itself; end to end, `raysim reproduce` of a two-method table writes the leaderboard
+and the four pictures with the bytes and MACs the runs counted."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from raysim.config import dump_config
+from raysim.macs import counting
+from raysim.outputs.metrics import MetricsTable
+from raysim.reproduce import load_table
+from raysim.reproduce.curves import pareto_front
+from raysim.reproduce.runs import plan_runs
+from raysim.reproduce.table_output import collect, leaderboard_rows
+from raysim.results import cost_to, read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_layers_macs_count_the_backward_passes_its_forward_is_run_for():
+    layer, x = nn.Linear(4, 3), torch.randn(5, 4)
+    forward = 5 * 3 * 4
+    with counting() as counter, torch.no_grad():
+        layer(x)
+    assert counter.total == forward  # an evaluation: the forward alone
+    with counting() as counter:
+        layer(x).sum().backward()
+    assert counter.total == 2 * forward  # weight gradients; the input needs none
+    with counting() as counter:
+        layer(x.requires_grad_()).sum().backward()
+    assert counter.total == 3 * forward  # and the input's gradient (a layer inside a network)
+    layer.requires_grad_(False)
+    with counting() as counter:
+        layer(x).sum().backward()
+    assert counter.total == 2 * forward  # a frozen teacher behind a generator: the input's only
+    conv = nn.Conv2d(6, 8, 3, groups=2).requires_grad_(False)
+    with counting() as counter:
+        conv(torch.randn(2, 6, 10, 10))
+    assert counter.total == 2 * 8 * 8 * 8 * (6 // 2) * 9  # outputs x inputs per group x kernel
+    with counting(False) as counter:
+        assert counter is None
+    with counting() as counter:
+        pass
+    layer(x)  # outside the context: nothing is counted, the hook is gone
+    assert counter.total == 0
+
+
+def test_counting_macs_changes_no_number_and_records_each_clients_and_the_servers(run_tiny):
+    from tests.test_algorithms import assert_same_weights, final_weights, server_values
+
+    _, plain = run_tiny(**{"algorithm.name": "fedavg"})
+    _, counted = run_tiny(**{"algorithm.name": "fedavg", "eval.count_macs": True})
+    assert server_values(plain, "loss") == server_values(counted, "loss")
+    assert_same_weights(final_weights(plain), final_weights(counted))
+    curves = read_run(counted).curves()
+    assert "macs" not in read_run(plain).curves()
+    rounds, macs = curves["macs_clients"]
+    assert list(rounds) == [1, 2] and macs[0] > 0 and macs[1] == pytest.approx(2 * macs[0], rel=0.01)
+    assert curves["macs_server"][1][-1] == 0  # FedAvg's server only averages: no layer runs
+
+
+def fake_run(run_dir: Path, config, accuracy: list[float], mb: list[float], targets: dict[str, int | None]) -> None:
+    """A finished run with a curve: accuracy and MB moved per round, 10 s and 1 GMAC of client work a round."""
+    from raysim.outputs.run_dir import RunDir
+
+    run_dir.mkdir(parents=True)
+    rd = RunDir(run_dir)
+    rd.write_config(dump_config(config))
+    table = MetricsTable(rd.path / "metrics.parquet")
+    for r, (a, m) in enumerate(zip(accuracy, mb), start=1):
+        table.add(r, None, "accuracy", a)
+        table.add(r, None, "bytes_up", m * 1e6)
+        table.add(r, None, "time_server_update_s", 1.0)
+        table.add(r, None, "macs_server", 0.0)
+        table.add(r, 0, "time_s", 10.0)
+        table.add(r, 0, "macs", 1e9)
+    table.flush()
+    rd.write_summary(
+        {
+            "finished": True,
+            "rounds": len(accuracy),
+            "final_accuracy": accuracy[-1],
+            "best_accuracy": max(accuracy),
+            "last5_accuracy": accuracy[-1],
+            "wall_time_s": 60.0,
+            "bytes_up": sum(mb) * 1e6,
+            "bytes_down": 0.0,
+            "rounds_to_accuracy": targets,
+            "peak_memory_mb": {"clients": 500.0, "server": 700.0},
+        }
+    )
+
+
+TABLE = """
+title: t
+leaderboard: true
+figures: [rounds, mb, compute, pareto]
+cells:
+  a: {config: {cpu: quickstart}, overrides: {rounds: 4}}
+methods:
+  many: {algorithm: {name: fedavg}}
+  once: {algorithm: {name: fedprox}}
+"""
+
+
+def test_what_a_method_spent_to_reach_a_target_and_in_all_leads_its_leaderboard_row(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text(TABLE)
+    table = load_table(path)
+    runs = plan_runs(table, "cpu", [0, 1], ["a"], ["many", "once"], tmp_path / "out", None)
+    for run in runs:
+        if run.method == "many":  # 2 MB a round; seed 0 reaches 0.6 at round 3, seed 1 never
+            reach = {"0.6": 3 if run.seed == 0 else None}
+            fake_run(run.run_dir.path, run.config, [0.3, 0.5, 0.6, 0.55], [2, 2, 2, 2], reach)
+        else:  # everything moved in round 1, then the server alone
+            fake_run(run.run_dir.path, run.config, [0.62, 0.64, 0.66, 0.7], [5, 0, 0, 0], {"0.6": 1})
+    many = [read_run(r.run_dir.path) for r in runs if r.method == "many"]
+    assert cost_to(many[:1], "0.6").mean == pytest.approx(6.0)  # by the end of round 3
+    assert cost_to(many, "0.6") == ">8 (1/2)"  # a seed never reached it, after 8 MB in all
+    assert cost_to(many[:1], "0.6", "compute_s").mean == pytest.approx(33.0)  # 3 x (10 + 1)
+    assert cost_to(many, "0.9") == "-"  # not a target these runs were asked for
+    board = leaderboard_rows(table, collect(runs), ["a"], ["many", "once"])
+    assert [(r["rank"], r["method"]) for r in board] == [(1, "once"), (2, "many")]
+    once = board[0]
+    assert once["mb"] == pytest.approx(5.0) and once["client_s"] == pytest.approx(40.0)
+    assert once["server_s"] == pytest.approx(4.0) and once["client_gmacs"] == pytest.approx(4.0)
+    assert once["server_peak_mb"] == pytest.approx(700.0) and once["mb_to"]["0.6"].mean == pytest.approx(5.0)
+
+
+def test_the_front_keeps_the_methods_no_other_beats_on_bytes_and_accuracy():
+    points = [(10, 0.80), (1, 0.60), (5, 0.60), (5, 0.75), (20, 0.79), (1, 0.55)]
+    assert pareto_front(points) == [(1, 0.60), (5, 0.75), (10, 0.80)]
+
+
+def test_the_benchmark_names_all_eighteen_methods_on_shared_cells():
+    from raysim.registry import builtin_names
+
+    table = load_table("benchmark")
+    assert set(table.methods) == set(builtin_names()) and len(table.methods) == 18
+    for cell in table.cells:
+        configs = [table.config(cell, m, "cpu", 0, "/nonexistent") for m in table.methods]
+        shared = {(c.rounds, str(c.partition), str(c.model), str(c.local), c.clients.num) for c in configs}
+        assert len(shared) == 1, shared  # one setting, every method
+        assert all(c.eval.count_macs for c in configs)
+        oneshot = [c for c in configs if hasattr(c.algorithm, "cache_client_stage")]
+        assert len(oneshot) == 6 and not any(c.algorithm.cache_client_stage for c in oneshot)
+
+
+@pytest.mark.slow  # two methods, one seed, three rounds on the embedded data: about a minute
+def test_reproduce_writes_the_leaderboard_and_the_four_pictures_from_the_runs_counts(tmp_path):
+    path = tmp_path / "bench.yaml"
+    path.write_text(
+        TABLE.replace("{rounds: 4}", "{rounds: 3, eval: {count_macs: true}}")
+        .replace("{name: fedprox}", "{name: fedavg_oneshot, cache_client_stage: false}")
+        .replace("title: t", "title: t\nseeds: 1")
+    )
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "reproduce", str(path), "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Leaderboard, a (ranked by last-5" in (out / "table.md").read_text()
+    with open(out / "table.csv") as f:
+        board = {r["method"]: r for r in csv.DictReader(f) if r["kind"] == "leaderboard"}
+    assert set(board) == {"many", "once"}
+    for row in board.values():  # every client's upload counted, and the MACs of their training
+        assert float(row["mb"]) > 0.5 and float(row["client_gmacs"]) > 0.1 and float(row["client_s"]) > 0
+    assert float(board["once"]["mb"]) < float(board["many"]["mb"])  # one upload against three rounds
+    assert 0 < float(board["once"]["best"]) <= 100 and float(board["once"]["server_gmacs"]) > 0
+    for name in ("curves.png", "curves_mb.png", "curves_compute.png", "pareto.png"):
+        assert (out / name).stat().st_size > 10_000, name
