@@ -10,10 +10,15 @@ gradient of the weights (when they need one), the usual 1:2 rule of a training s
 SGD step counts 3 forwards (2 in the first layer, whose input needs no gradient), a frozen teacher
 behind a generator 2, an evaluation 1.
 
+Readings that are not the method's work (the teachers' test-set logits of the one-shot family,
+DynaFed's diagnostics) run inside `paused()` and are not counted; their seconds still are.
+
 What it leaves out, on purpose: layers other than linear and convolution (norms, activations,
 pooling: a few percent of a small CNN's MACs), operations outside modules (torch.func's
-higher-order gradients through DynaFed's unrolled steps are counted as one backward), and models
-under torch.compile, whose compiled graphs do not call module hooks. The counts are a measure for
+higher-order gradients through DynaFed's unrolled steps are counted as one backward, so its
+synthesis counts about half of what runs: 1/2.2 with the MLP, 1/2.5 with LeNet against torch's
+FlopCounterMode), and compiled models (`resources.compile` is refused beside `eval.count_macs`: a
+compiled graph traces the hook in and recompiles for each new counter). The counts are a measure for
 comparing methods, not a profiler's.
 
 Cost: the hook puts every module call on PyTorch's slower path (a few microseconds a layer), which
@@ -30,6 +35,7 @@ import torch
 from torch import nn
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_paused = 0  # > 0 inside paused(): layers run but are not counted
 
 
 class MacCounter:
@@ -39,6 +45,8 @@ class MacCounter:
         self.total = 0
 
     def __call__(self, module: nn.Module, inputs: tuple, output) -> None:
+        if _paused:
+            return
         if isinstance(module, nn.Linear):
             forward = output.numel() * module.in_features
         elif isinstance(module, _CONVOLUTIONS):
@@ -65,3 +73,14 @@ def counting(enabled: bool = True) -> Iterator[MacCounter | None]:
         yield counter
     finally:
         handle.remove()
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Layers run inside are not counted by any counter (readings, not the method's work)."""
+    global _paused
+    _paused += 1
+    try:
+        yield
+    finally:
+        _paused -= 1

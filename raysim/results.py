@@ -146,7 +146,7 @@ def cost_to(records: list[RunRecord], target: str, curve: str = "mb_moved") -> S
         else:
             spent.append(at_round(series, reached))
     if never:
-        return f">{min(never):.3g}" + (f" ({len(spent)}/{len(asked)})" if spent else "")
+        return f">{min(never):,.1f}" + (f" ({len(spent)}/{len(asked)})" if spent else "")
     return stat(spent)
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from raysim.config import dump_config
-from raysim.macs import counting
+from raysim.macs import counting, paused
 from raysim.outputs.metrics import MetricsTable
 from raysim.reproduce import load_table
 from raysim.reproduce.curves import pareto_front
@@ -46,6 +46,9 @@ def test_a_layers_macs_count_the_backward_passes_its_forward_is_run_for():
     with counting() as counter:
         conv(torch.randn(2, 6, 10, 10))
     assert counter.total == 2 * 8 * 8 * 8 * (6 // 2) * 9  # outputs x inputs per group x kernel
+    with counting() as counter, paused():
+        layer(x)
+    assert counter.total == 0  # a reading (the one-shot teachers' test logits), not the method's work
     with counting(False) as counter:
         assert counter is None
     with counting() as counter:
@@ -66,6 +69,15 @@ def test_counting_macs_changes_no_number_and_records_each_clients_and_the_server
     rounds, macs = curves["macs_clients"]
     assert list(rounds) == [1, 2] and macs[0] > 0 and macs[1] == pytest.approx(2 * macs[0], rel=0.01)
     assert curves["macs_server"][1][-1] == 0  # FedAvg's server only averages: no layer runs
+
+
+def test_counting_macs_of_compiled_models_is_refused_in_one_line():
+    from raysim.config.load import load_config
+    from raysim.errors import RaysimError
+
+    with pytest.raises(RaysimError, match="set one of them to false") as info:
+        load_config(ROOT / "configs" / "quickstart.yaml", ["eval.count_macs=true", "resources.compile=true"])
+    assert "\n" not in str(info.value)
 
 
 def fake_run(run_dir: Path, config, accuracy: list[float], mb: list[float], targets: dict[str, int | None]) -> None:
@@ -125,7 +137,7 @@ def test_what_a_method_spent_to_reach_a_target_and_in_all_leads_its_leaderboard_
             fake_run(run.run_dir.path, run.config, [0.62, 0.64, 0.66, 0.7], [5, 0, 0, 0], {"0.6": 1})
     many = [read_run(r.run_dir.path) for r in runs if r.method == "many"]
     assert cost_to(many[:1], "0.6").mean == pytest.approx(6.0)  # by the end of round 3
-    assert cost_to(many, "0.6") == ">8 (1/2)"  # a seed never reached it, after 8 MB in all
+    assert cost_to(many, "0.6") == ">8.0 (1/2)"  # a seed never reached it, after 8 MB in all
     assert cost_to(many[:1], "0.6", "compute_s").mean == pytest.approx(33.0)  # 3 x (10 + 1)
     assert cost_to(many, "0.9") == "-"  # not a target these runs were asked for
     board = leaderboard_rows(table, collect(runs), ["a"], ["many", "once"])

@@ -51,6 +51,7 @@ from raysim.algorithms.condensed.synthetic import to_pixels
 from raysim.algorithms.dynafed.trajectory import classifier_names, distance_after_training, synthesize
 from raysim.algorithms.fedavg.fedavg import FedAvg
 from raysim.errors import RaysimError
+from raysim.macs import paused
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 from raysim.training import evaluate, even_batches, soft_label_loss, train, train_soft_labels
@@ -236,7 +237,8 @@ class DynaFed(FedAvg):
             "syn_time_s": time.perf_counter() - started,
         }
         if p.diagnostics:
-            out["diagnostics"] = self.diagnose(trajectory, x, y, step, ctx)
+            with paused():  # readings, not the method's work (raysim.macs)
+                out["diagnostics"] = self.diagnose(trajectory, x, y, step, ctx)
         return out
 
     def shift_free(self, ctx) -> tuple[str, ...]:

@@ -65,6 +65,7 @@ from raysim.algorithms.oneshot.ensemble import mean_logits
 from raysim.algorithms.oneshot.generator import Generator
 from raysim.config import ModelConfig
 from raysim.errors import RaysimError
+from raysim.macs import paused
 from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
 from raysim.tensors import load_weights, module_weights
 from raysim.training import local_train, to_cpu
@@ -242,7 +243,7 @@ class OneShot(Algorithm):
         for the client, ensemble and stratified accuracies (K forward passes, not one per report)."""
         if self._test_logits is None:
             batch = self.config.eval.batch_size
-            with torch.no_grad():
+            with torch.no_grad(), paused():  # a reading, not the method's work (raysim.macs)
                 self._test_logits = torch.cat(
                     [
                         self.stacked_logits(teachers, ctx.test_x[start : start + batch])

@@ -282,6 +282,11 @@ def validate(config: Config) -> None:
     )
     need(config.resources.gpus_per_actor >= 0, "resources.gpus_per_actor must be >= 0")
     need(
+        not (config.eval.count_macs and config.resources.compile),
+        "eval.count_macs counts layers as they run, which compiled models (resources.compile) do not do "
+        "the same way: set one of them to false",
+    )
+    need(
         config.resources.precision in ("float32", "bfloat16"),
         f"resources.precision must be float32 or bfloat16, got {config.resources.precision!r}",
     )

@@ -353,7 +353,8 @@ def as_csv(
     buffer = io.StringIO()
     fields = ["table", "scale", "kind", "cell", "method", *[k for k in rows[0] if k not in ("cell", "method")]]
     fields += ["ordering", "holds_in_paper", "holds", "target", "paper_rounds", "rounds", "reached"]
-    fields += ["rank", "mean", "std", *(k for k, _, _, _ in SPENT), *(k for k, _, _ in PEAKS), "mb_to"]
+    fields += ["rank", "mean", "std", *SHORT.values(), *(k for k, _, _, _ in SPENT), *(k for k, _, _ in PEAKS)]
+    fields += ["mb_to"]
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     for r in rows:
