@@ -20,7 +20,7 @@ from raysim.outputs.metrics import MetricsTable
 from raysim.reproduce import load_table
 from raysim.reproduce.curves import pareto_front
 from raysim.reproduce.runs import plan_runs
-from raysim.reproduce.table_output import collect, leaderboard_rows
+from raysim.reproduce.table_output import collect, leaderboard_rows, markdown
 from raysim.results import cost_to, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +146,10 @@ def test_what_a_method_spent_to_reach_a_target_and_in_all_leads_its_leaderboard_
     assert once["mb"] == pytest.approx(5.0) and once["client_s"] == pytest.approx(40.0)
     assert once["server_s"] == pytest.approx(4.0) and once["client_gmacs"] == pytest.approx(4.0)
     assert once["server_peak_mb"] == pytest.approx(700.0) and once["mb_to"]["0.6"].mean == pytest.approx(5.0)
+    # last-5, best, final | MB up / down, in all, to 60% | seconds, GMACs (clients, server) | peaks | seeds
+    row = "| 1 | once | 70.0 +- 0.0 | 70.0 | 70.0 | 5.0 / 0.0 | 5.0 | 5.0 +- 0.0 | 40.0 | 4.0 | 4.0 | 0.0 | 500 | 700 |"
+    assert row in markdown(table, "cpu", [], [], [], "", board)
+    assert "| 2 | many | 55.0 +- 0.0 |" in markdown(table, "cpu", [], [], [], "", board)
 
 
 def test_the_front_keeps_the_methods_no_other_beats_on_bytes_and_accuracy():

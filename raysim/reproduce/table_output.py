@@ -164,9 +164,12 @@ SPENT = (
     ("client_gmacs", "clients (GMACs)", "macs_clients", 1e-9),
     ("server_gmacs", "server (GMACs)", "macs_server", 1e-9),
 )
-PEAKS = (
-    ("client_peak_mb", "peak MB, a client actor", "peak_memory_mb.clients"),
-    ("server_peak_mb", "peak MB, server", "peak_memory_mb.server"),
+# summary.json readings a leaderboard shows: (key, heading, summary key, scale, digits)
+READINGS = (
+    ("mb_up", "MB up", "bytes_up", 1e-6, 1),
+    ("mb_down", "MB down", "bytes_down", 1e-6, 1),
+    ("client_peak_mb", "peak MB, a client actor", "peak_memory_mb.clients", 1.0, 0),
+    ("server_peak_mb", "peak MB, server", "peak_memory_mb.server", 1.0, 0),
 )
 
 
@@ -191,8 +194,8 @@ def leaderboard_rows(
             for key, _, curve, scale in SPENT:
                 spent = stat([r.total(curve) for r in m.records])
                 row[key] = None if spent.mean is None else spent.mean * scale
-            for key, _, summary_key in PEAKS:
-                row[key] = m.stat(summary_key, 1.0).mean
+            for key, _, summary_key, scale, _ in READINGS:
+                row[key] = m.stat(summary_key, scale).mean
             targets = sorted({t for s in m.summaries for t in s.get("rounds_to_accuracy") or {}}, key=float)
             row["mb_to"] = {t: cost_to(m.records, t) for t in targets}
             ranked.append(row)
@@ -207,15 +210,17 @@ def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]
         mine = [r for r in rows if r["cell"] == cell_name]
         targets = list(dict.fromkeys(t for r in mine for t in r["mb_to"]))
         key = SHORT[table.metric]
-        headings = [f"{key} (%)", "best", "final", *(h for _, h, _, _ in SPENT)]
-        headings += [f"MB to {float(t) * 100:g}%" for t in targets] + [h for _, h, _ in PEAKS]
+        headings = [f"{key} (%)", "best", "final", "MB up / down", SPENT[0][1]]
+        headings += [f"MB to {float(t) * 100:g}%" for t in targets]
+        headings += [h for _, h, _, _ in SPENT[1:]] + [h for _, h, _, _, _ in READINGS[2:]]
         lines += ["", f"Leaderboard, {table.cells[cell_name].label} (ranked by {key}; spending: mean over seeds):", ""]
         lines += [f"| # | method | {' | '.join(headings)} | seeds |", "|---|---|" + "---|" * (len(headings) + 1)]
         for r in mine:
             cells = [shown(r["mean"], r["std"]), _number(r["best"]), _number(r["final"])]
-            cells += [_number(r[k]) for k, _, _, _ in SPENT]
+            cells += [f"{_number(r['mb_up'])} / {_number(r['mb_down'])}", _number(r[SPENT[0][0]])]
             cells += [_spent(r["mb_to"].get(t, "-")) for t in targets]
-            cells += [_number(r[k], digits=0) for k, _, _ in PEAKS]
+            cells += [_number(r[k]) for k, _, _, _ in SPENT[1:]]
+            cells += [_number(r[k], digits=d) for k, _, _, _, d in READINGS[2:]]
             lines.append(f"| {r['rank']} | {table.methods[r['method']].label} | {' | '.join(cells)} | {r['seeds']} |")
     return lines
 
@@ -353,7 +358,7 @@ def as_csv(
     buffer = io.StringIO()
     fields = ["table", "scale", "kind", "cell", "method", *[k for k in rows[0] if k not in ("cell", "method")]]
     fields += ["ordering", "holds_in_paper", "holds", "target", "paper_rounds", "rounds", "reached"]
-    fields += ["rank", "mean", "std", *SHORT.values(), *(k for k, _, _, _ in SPENT), *(k for k, _, _ in PEAKS)]
+    fields += ["rank", "mean", "std", *SHORT.values(), *(k for k, _, _, _ in SPENT), *(k for k, *_ in READINGS)]
     fields += ["mb_to"]
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
