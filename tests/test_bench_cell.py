@@ -144,8 +144,11 @@ def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path):
     assert "projected wall time:" in done.stdout and "peak memory: a client actor" in done.stdout
     result = json.loads(out.read_text())
     first, second = result["runs"]
-    assert second["clients"] > first["clients"] > 0  # twice the local epochs: more client time
-    assert result["projected_s"]["clients"] > second["clients"]  # 4 epochs: more than 2
+    assert first["clients"] > 0 and second["clients"] > 0
+    # 4 epochs read off the line through the runs of 1 and 2 (the measured seconds themselves are the
+    # machine's: on a busy one the run of 2 epochs can take less time than the run of 1)
+    growth = max(0.0, second["clients"] - first["clients"])
+    assert result["projected_s"]["clients"] == pytest.approx(second["clients"] + growth * (4 / 2 - 1))
     assert result["projected_wall_s"] == pytest.approx(sum(result["projected_s"].values()))
     assert 100 < first["peak_clients_mb"] < 16_000
     assert not list(Path("/tmp").glob("raysim-bench-cell-*"))  # the runs' folders are gone
