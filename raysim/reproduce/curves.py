@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from raysim.results import stat
+from raysim.results import mb_moved, stat
 
 FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png", "compute": "curves_compute.png", "pareto": "pareto.png"}
 X_LABELS = {
@@ -104,7 +104,7 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
     points = []
     for method in methods:
         m = measured[(cell, method)]
-        figure, moved = m.stat(table.metric), stat([r.total("mb_moved") for r in m.records])
+        figure, moved = m.stat(table.metric), stat([mb_moved(r.summary) for r in m.records])
         if figure.mean is None or moved.mean is None or moved.mean <= 0:
             continue
         ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, label=None)

@@ -158,7 +158,6 @@ def _paper_rounds(paper: dict[str, int | None], target: str) -> str:
 
 # what a leaderboard shows of a run's spending: (key, heading, curve or summary.json key, scale)
 SPENT = (
-    ("mb", "MB in all", "mb_moved", 1.0),
     ("client_s", "clients (s)", "compute_s_clients", 1.0),
     ("server_s", "server (s)", "compute_s_server", 1.0),
     ("client_gmacs", "clients (GMACs)", "macs_clients", 1e-9),
@@ -191,6 +190,7 @@ def leaderboard_rows(
             row["mean"], row["std"] = figure.mean, figure.std
             for metric in METRICS:
                 row[SHORT[metric]] = m.stat(metric).mean
+            row["mb"] = stat([mb_moved(s) for s in m.summaries]).mean  # as method_rows reads it
             for key, _, curve, scale in SPENT:
                 spent = stat([r.total(curve) for r in m.records])
                 row[key] = None if spent.mean is None else spent.mean * scale
@@ -210,16 +210,16 @@ def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]
         mine = [r for r in rows if r["cell"] == cell_name]
         targets = list(dict.fromkeys(t for r in mine for t in r["mb_to"]))
         key = SHORT[table.metric]
-        headings = [f"{key} (%)", "best", "final", "MB up / down", SPENT[0][1]]
+        headings = [f"{key} (%)", "best", "final", "MB up / down", "MB in all"]
         headings += [f"MB to {float(t) * 100:g}%" for t in targets]
-        headings += [h for _, h, _, _ in SPENT[1:]] + [h for _, h, _, _, _ in READINGS[2:]]
+        headings += [h for _, h, _, _ in SPENT] + [h for _, h, _, _, _ in READINGS[2:]]
         lines += ["", f"Leaderboard, {table.cells[cell_name].label} (ranked by {key}; spending: mean over seeds):", ""]
         lines += [f"| # | method | {' | '.join(headings)} | seeds |", "|---|---|" + "---|" * (len(headings) + 1)]
         for r in mine:
             cells = [shown(r["mean"], r["std"]), _number(r["best"]), _number(r["final"])]
-            cells += [f"{_number(r['mb_up'])} / {_number(r['mb_down'])}", _number(r[SPENT[0][0]])]
+            cells += [f"{_number(r['mb_up'])} / {_number(r['mb_down'])}", _number(r["mb"])]
             cells += [_spent(r["mb_to"].get(t, "-")) for t in targets]
-            cells += [_number(r[k]) for k, _, _, _ in SPENT[1:]]
+            cells += [_number(r[k]) for k, _, _, _ in SPENT]
             cells += [_number(r[k], digits=d) for k, _, _, _, d in READINGS[2:]]
             lines.append(f"| {r['rank']} | {table.methods[r['method']].label} | {' | '.join(cells)} | {r['seeds']} |")
     return lines
@@ -358,7 +358,7 @@ def as_csv(
     buffer = io.StringIO()
     fields = ["table", "scale", "kind", "cell", "method", *[k for k in rows[0] if k not in ("cell", "method")]]
     fields += ["ordering", "holds_in_paper", "holds", "target", "paper_rounds", "rounds", "reached"]
-    fields += ["rank", "mean", "std", *SHORT.values(), *(k for k, _, _, _ in SPENT), *(k for k, *_ in READINGS)]
+    fields += ["rank", "mean", "std", *SHORT.values(), "mb", *(k for k, _, _, _ in SPENT), *(k for k, *_ in READINGS)]
     fields += ["mb_to"]
     writer = csv.DictWriter(buffer, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
