@@ -69,7 +69,7 @@ def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str)
         label = table.methods[method].label
         if axis == "mb" and all(_moved_at_once(c["mb_moved"]) for c in curves) and len(rounds) > 1:
             figure = m.stat(table.metric)
-            bytes_ = np.mean([c["mb_moved"][1][-1] for c in curves])
+            bytes_ = stat([mb_moved(r.summary) for r in m.records]).mean
             ax.errorbar([bytes_], [figure.mean], yerr=[figure.std or 0], marker="D", capsize=3, label=label)
             continue
         # a seed without an evaluation at some round leaves a gap there, not the whole curve
