@@ -106,6 +106,7 @@ class ServerLog:
     images: dict[str, tuple[np.ndarray, int]] = field(default_factory=dict)
     figures: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    replayed: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def scalar(self, name: str, value: float, summary: bool = False) -> None:
         """A server metric of this round (`summary=True`: its latest value also goes to summary.json)."""
@@ -117,6 +118,12 @@ class ServerLog:
         """A value about one client computed on the server (e.g. its own model's test accuracy)."""
         self.client_values.append((int(client), name, float(value)))
 
+    def replayed_traffic(self, client: int, bytes_up: int, bytes_down: int) -> None:
+        """The bytes a client's step moves, for a step the server replays (e.g. from a cache) instead of
+        running it: the engine counts them as this round's traffic of that client, as if it had run, so
+        that a run's bytes do not depend on whether the step was replayed."""
+        self.replayed[int(client)] = (int(bytes_up), int(bytes_down))
+
     def image_grid(self, tag: str, images: np.ndarray, per_row: int) -> None:
         """Float [0, 1] images (N, C, H, W) shown as one grid in TensorBoard."""
         self.images[tag] = (images, per_row)
@@ -127,8 +134,8 @@ class ServerLog:
 
     def drain(self) -> ServerLog:
         """This round's records, leaving the log empty for the next round (summary values persist)."""
-        out = ServerLog(self.scalars, self.client_values, self.images, self.figures, dict(self.summary))
-        self.scalars, self.client_values, self.images, self.figures = {}, [], {}, {}
+        out = ServerLog(self.scalars, self.client_values, self.images, self.figures, dict(self.summary), self.replayed)
+        self.scalars, self.client_values, self.images, self.figures, self.replayed = {}, [], {}, {}, {}
         return out
 
 

@@ -262,8 +262,11 @@ def test_every_method_runs_from_one_config_and_the_cached_client_stage_changes_n
             continue
         summary, run_dir = runs[method]
         assert summary["client_stage_cached"], method
-        assert server_series(run_dir, "bytes_up")[0] == 0  # nothing uploaded: the models came from the cache
-    for key in ("final_accuracy", "best_accuracy", "client_accuracy", "ensemble_accuracy"):
+        assert server_series(run_dir, "participants")[0] == 0  # no client ran: the models came from the cache
+        # ... and the bytes are the stage's as if it had run
+        for key in ("bytes_up", "bytes_down"):
+            assert server_series(run_dir, key)[0] == server_series(first_dir, key)[0] > 0, (method, key)
+    for key in ("final_accuracy", "best_accuracy", "client_accuracy", "ensemble_accuracy", "bytes_up", "bytes_down"):
         assert uncached[key] == first[key], key
     # the client models are the same for every method
     assert len({json.dumps(s["client_accuracy"]) for s, _ in runs.values()}) == 1

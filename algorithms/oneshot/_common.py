@@ -16,8 +16,9 @@ of its own continues from its previous model (kept as client state); the paper d
 The first client stage does not depend on the method, so it is cached on disk
 (`cache_client_stage`, raysim.algorithms.oneshot.client_cache) and reused by every method run on the same data,
 partition, models, local settings and seed; the numbers are identical with and without the cache
-(tested). A cache hit makes the client round server-only: its `bytes_up` is 0, and summary.json says
-`client_stage_cached: true`.
+(tested). A cache hit makes the client round server-only; its bytes are counted as the stage's
+upload and broadcast (`ServerLog.replayed_traffic`), so a run's bytes do not depend on the cache
+either, and summary.json says `client_stage_cached: true` (its seconds are the server's only).
 
 **Initialisation** (`client_init`): `shared` (default) starts every client of an architecture from
 that architecture's initial weights (ModelSpec.initial_model; the server's for the server's
@@ -67,7 +68,7 @@ from raysim.config import ModelConfig
 from raysim.errors import RaysimError
 from raysim.macs import paused
 from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
-from raysim.tensors import load_weights, module_weights
+from raysim.tensors import load_weights, module_weights, serialized_nbytes
 from raysim.training import local_train, to_cpu
 
 
@@ -208,6 +209,11 @@ class OneShot(Algorithm):
         if epoch:
             return self.distill(state, round_index, epoch, ctx)
         state = {**state, **self.collect_clients(replies, g, ctx)}
+        if state["client_stage_cached"]:  # the stage's bytes as if it had run (the broadcast is {} then)
+            for k, weights in state["clients"].items():
+                message = {"weights": weights}
+                up = self.upload_bytes(message)
+                ctx.log.replayed_traffic(k, serialized_nbytes(message) if up is None else up, serialized_nbytes({}))
         self._teachers = self._test_logits = None
         state["report"] = {**state["report"], **self.report_clients(state, ctx)}
         return self.after_client_stage(state, round_index, ctx)

@@ -204,8 +204,8 @@ class ServerRuntime:
         values.update(log.scalars)
         values.update(
             {
-                "bytes_up": sum(results[k]["bytes_up"] for k in sampled),
-                "bytes_down": sum(bytes_down.values()),
+                "bytes_up": sum(results[k]["bytes_up"] for k in sampled) + sum(u for u, _ in log.replayed.values()),
+                "bytes_down": sum(bytes_down.values()) + sum(d for _, d in log.replayed.values()),
                 "participants": len(sampled),
                 "actor_restarts": restarts,
                 "time_broadcast_s": t1 - t0,
@@ -227,6 +227,8 @@ class ServerRuntime:
             if results[k].get("macs") is not None:
                 client_values.append((k, "macs", results[k]["macs"]))
             client_values += [(k, name, value) for name, value in results[k]["metrics"].items()]
+        for k, (up, down) in log.replayed.items():  # steps the algorithm replayed instead of running
+            client_values += [(k, "bytes_up", up), (k, "bytes_down", down)]
         client_values += log.client_values
         self.completed = round_index
         values["round_time_s"] = time.perf_counter() - t0
