@@ -699,6 +699,40 @@ def test_a_method_gets_its_own_value_said_per_method_or_beside_the_switch(tmp_pa
         load_config(planted)
 
 
+def test_a_per_method_entry_takes_what_another_configs_own_file_writes_for_the_method(tmp_path):
+    """`from:` takes the named file's algorithm keys and its entry for the method, not its base's (a
+    family's 2-core scaling, not its paper-scale choices), under the entry's own keys; a method's own
+    parameter is not taken from a section written for another method."""
+    (tmp_path / "family").mkdir()
+    (tmp_path / "family" / "base.yaml").write_text(
+        "algorithm: {name: feddm, ipc: 50, image_momentum: 0.7}\nper_method: {feddm: {rho: 3.0}}\n"
+    )
+    (tmp_path / "family" / "base_cpu.yaml").write_text(
+        "extends: base.yaml\nalgorithm: {ipc: 10, steps: 100}\nper_method: {feddm: {real_batch: 32}}\n"
+    )
+    cell = tmp_path / "cell.yaml"
+    cell.write_text(
+        "extends: quickstart\nper_method: {feddm: {from: family/base_cpu.yaml, steps: 7}}\n"  # quickstart: any cell
+    )
+    feddm = load_config(cell, ["algorithm.name=feddm"]).algorithm
+    default = algorithm_class("feddm").Params()
+    assert (feddm.ipc, feddm.steps, feddm.real_batch) == (10, 7, 32)  # the file's own keys, the entry's over them
+    assert (feddm.image_momentum, feddm.rho) == (default.image_momentum, default.rho)  # not its base's
+    assert default.image_momentum != 0.7 and default.rho != 3.0
+    # the shipped one-shot scaling, with Co-Boosting's own batches from that file's entry for it
+    cell.write_text("extends: quickstart\nper_method: {coboosting: {from: fedhydra/base_cpu}}\n")
+    coboosting = load_config(cell, ["algorithm.name=coboosting"]).algorithm
+    assert (coboosting.ngf, coboosting.synthesis_batch, coboosting.kd_batch) == (16, 64, 128)
+    (tmp_path / "family" / "hydra.yaml").write_text("algorithm: {name: fedhydra, kd_lr: 0.5}\n")
+    cell.write_text("extends: quickstart\nper_method: {dense: {from: family/hydra.yaml}}\n")
+    with pytest.raises(RaysimError, match="written for another method, sets dense's own parameter.*kd_lr") as exc:
+        load_config(cell, ["algorithm.name=dense"])
+    assert "\n" not in str(exc.value)
+    cell.write_text("extends: quickstart\nper_method: {dense: {from: family/nosuch.yaml}}\n")
+    with pytest.raises(RaysimError, match=r"'per_method.dense.from: family/nosuch.yaml' is neither a file"):
+        load_config(cell, ["algorithm.name=dense"])
+
+
 def test_every_method_of_a_shipped_cell_runs_with_its_own_defaults():
     """Through the tables and the command line, each one-shot method of the 2-core cells gets its
     authors' distillation settings, not those of the method the cell is written for."""

@@ -191,7 +191,7 @@ def test_a_broken_extends_through_the_cli_is_one_line_and_exit_2(tmp_path, capsy
     (tmp_path / "a.yaml").write_text("extends: nosuch\n")
     assert main(["run", str(tmp_path / "a.yaml"), "--out", str(tmp_path / "run")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 1 and "extends 'nosuch'" in lines[0]
+    assert len(lines) == 1 and "'extends: nosuch' is neither" in lines[0]
     assert not (tmp_path / "run").exists()
 
 

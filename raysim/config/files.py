@@ -17,6 +17,12 @@ from raysim.errors import RaysimError
 ROOT = Path(__file__).resolve().parents[1] / "configs"
 
 EXTENDS_KEY = "extends"
+# Top-level section of a config file: algorithm keys for one method alone, applied when that method runs
+# (`per_method: {feddf: {kd_lr: 0.01}}`); the resolved config holds their effect, not the section.
+PER_METHOD = "per_method"
+# In a `per_method:` entry: take that method's keys from another config (`per_method: {feddm: {from:
+# feddm/base_cpu}}`), so that a config combining several families states each one's setting once
+FROM_KEY = "from"
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -56,7 +62,7 @@ def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
                 f"config file '{trees[0][0]}' extends a chain of more than {MAX_EXTENDS} files (at '{path}'): "
                 "shorten its 'extends:' chain (merge some of the files into one)"
             )
-        data = _read_one_yaml(path)
+        data = _with_method_sources(path, _read_one_yaml(path))
         seen.add(path.resolve())
         trees.append((path, data))
         if EXTENDS_KEY not in data:
@@ -79,11 +85,64 @@ def _algorithm_name(tree: dict[str, Any]) -> Any:
     return section.get("name") if isinstance(section, dict) else None
 
 
+def _with_method_sources(path: Path, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with each `per_method:` entry's `from: NAME` replaced by the keys config NAME's own file
+    writes for that method: its `algorithm:` section (but `name`), then its `per_method:` entry for
+    the method, under the entry's other keys.
+
+    NAME's own file, not its `extends:` chain: a family's scaled config (e.g. feddm/base_cpu) writes its
+    scaling over its paper-scale base, and that scaling is what another config takes from it; the
+    base's choices (which may follow another paper's reading) stay the base's. A key that is the
+    method's own parameter (Algorithm.own_params) is taken from NAME's shared section only when NAME
+    runs that method, as `algorithm.name=` refuses it when it switches methods."""
+    section = data.get(PER_METHOD)
+    if not isinstance(section, dict) or not any(isinstance(e, dict) and FROM_KEY in e for e in section.values()):
+        return data
+    entries = {}
+    for method, entry in section.items():
+        if isinstance(entry, dict) and FROM_KEY in entry:
+            entry = dict(entry)
+            source = _named_file(path, entry.pop(FROM_KEY), f"{PER_METHOD}.{method}.{FROM_KEY}")
+            entry = {**_keys_for(source, str(method)), **entry}
+        entries[method] = entry
+    return {**data, PER_METHOD: entries}
+
+
+def _keys_for(source: Path, method: str) -> dict[str, Any]:
+    """The algorithm keys config file `source` itself writes for `method` (see _with_method_sources)."""
+    from raysim.registry import algorithm_class  # here: the registry imports the schema, which needs no files
+
+    own = _read_one_yaml(source)
+    shared = own.get("algorithm") or {}
+    entry = (own.get(PER_METHOD) or {}).get(method) or {}
+    if not isinstance(shared, dict) or not isinstance(entry, dict) or FROM_KEY in entry:
+        raise RaysimError(
+            f"config file '{source}', named by a '{FROM_KEY}:' for {method}, must hold an algorithm section and "
+            f"{PER_METHOD} entries of keys, none of them with a '{FROM_KEY}:' of its own: take the keys from the "
+            "file that writes them"
+        )
+    shared = {k: v for k, v in shared.items() if k != "name"}
+    if _algorithm_name(read_yaml(source)) != method:
+        theirs = sorted(set(shared) & algorithm_class(method).own_params() - set(entry))
+        if theirs:
+            raise RaysimError(
+                f"'{FROM_KEY}: {source}' for {method}: that file's algorithm section, written for another method, "
+                f"sets {method}'s own parameter(s) {', '.join(theirs)}: take them from a file written for {method}, "
+                "or set them in this entry"
+            )
+    return {**shared, **entry}
+
+
 def _extended_file(path: Path, target: Any) -> Path:
     """The file an `extends:` value names: relative to the extending file, else a shipped config."""
+    return _named_file(path, target, EXTENDS_KEY)
+
+
+def _named_file(path: Path, target: Any, key: str) -> Path:
+    """The file a config's `key` names: relative to the naming file, else a shipped config."""
     if not isinstance(target, str) or not target:
         raise RaysimError(
-            f"config file '{path}': 'extends' must name a config file (e.g. extends: base.yaml), got {target!r}"
+            f"config file '{path}': '{key}' must name a config file (e.g. {key}: base.yaml), got {target!r}"
         )
     beside = path.parent / target
     if beside.is_file():
@@ -93,8 +152,8 @@ def _extended_file(path: Path, target: Any) -> Path:
     if shipped.is_relative_to(ROOT) and shipped.is_file():
         return shipped
     raise RaysimError(
-        f"config file '{path}' extends '{target}', which is neither a file beside it nor a shipped "
-        "config: fix the 'extends:' line (list shipped configs with 'raysim configs')"
+        f"config file '{path}': '{key}: {target}' is neither a file beside it nor a shipped "
+        f"config: fix the '{key}:' line (list shipped configs with 'raysim configs')"
     )
 
 

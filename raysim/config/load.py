@@ -15,15 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from raysim.algorithm import BEFORE
-from raysim.config.files import read_yaml
+from raysim.config.files import PER_METHOD, read_yaml
 from raysim.config.parse import build_dataclass, parse_override, set_path
 from raysim.config.schema import Config, client_architectures, validate
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class, check_algorithm_config, resolve_params
-
-# Top-level section of a config file: algorithm keys for one method alone, applied when that method runs
-# (`per_method: {feddf: {kd_lr: 0.01}}`); the resolved config holds their effect, not the section.
-PER_METHOD = "per_method"
 
 
 def load_config(
