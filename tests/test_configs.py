@@ -719,6 +719,13 @@ def test_a_per_method_entry_takes_what_another_configs_own_file_writes_for_the_m
     assert (feddm.ipc, feddm.steps, feddm.real_batch) == (10, 7, 32)  # the file's own keys, the entry's over them
     assert (feddm.image_momentum, feddm.rho) == (default.image_momentum, default.rho)  # not its base's
     assert default.image_momentum != 0.7 and default.rho != 3.0
+    # the taken keys sit where the naming file's sit: a base's entry for the method does not beat them
+    (tmp_path / "mid.yaml").write_text("extends: quickstart\nper_method: {feddm: {ipc: 99, steps: 99}}\n")
+    cell.write_text("extends: mid.yaml\nper_method: {feddm: {from: family/base_cpu.yaml}}\n")
+    assert load_config(cell, ["algorithm.name=feddm"]).algorithm.ipc == 10
+    # a tree (not a file) names a shipped config
+    tree = {**read_yaml(cell), "per_method": {"feddm": {"from": "feddm/base_cpu"}}}
+    assert load_config(None, ["algorithm.name=feddm"], base=tree).algorithm.steps == 100
     # the shipped one-shot scaling, with Co-Boosting's own batches from that file's entry for it
     cell.write_text("extends: quickstart\nper_method: {coboosting: {from: fedhydra/base_cpu}}\n")
     coboosting = load_config(cell, ["algorithm.name=coboosting"]).algorithm

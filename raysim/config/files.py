@@ -62,7 +62,7 @@ def _read_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
                 f"config file '{trees[0][0]}' extends a chain of more than {MAX_EXTENDS} files (at '{path}'): "
                 "shorten its 'extends:' chain (merge some of the files into one)"
             )
-        data = _with_method_sources(path, _read_one_yaml(path))
+        data = _with_method_sources(path, read_one_yaml(path))
         seen.add(path.resolve())
         trees.append((path, data))
         if EXTENDS_KEY not in data:
@@ -87,32 +87,28 @@ def _algorithm_name(tree: dict[str, Any]) -> Any:
 
 def _with_method_sources(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     """`data` with each `per_method:` entry's `from: NAME` replaced by the keys config NAME's own file
-    writes for that method: its `algorithm:` section (but `name`), then its `per_method:` entry for
-    the method, under the entry's other keys.
-
-    NAME's own file, not its `extends:` chain: a family's scaled config (e.g. feddm/base_cpu) writes its
-    scaling over its paper-scale base, and that scaling is what another config takes from it; the
-    base's choices (which may follow another paper's reading) stay the base's. A key that is the
-    method's own parameter (Algorithm.own_params) is taken from NAME's shared section only when NAME
-    runs that method, as `algorithm.name=` refuses it when it switches methods."""
+    writes for that method (`method_keys`), under the entry's other keys. Taken here, file by file,
+    so that they sit where the naming file's keys sit in an `extends:` chain (a base's entry for the
+    method does not override them); `from:` stays as `{file: PATH}` for raysim.config.load, which
+    checks the method's own parameters (the registry is not this module's to import)."""
     section = data.get(PER_METHOD)
     if not isinstance(section, dict) or not any(isinstance(e, dict) and FROM_KEY in e for e in section.values()):
         return data
     entries = {}
     for method, entry in section.items():
-        if isinstance(entry, dict) and FROM_KEY in entry:
-            entry = dict(entry)
-            source = _named_file(path, entry.pop(FROM_KEY), f"{PER_METHOD}.{method}.{FROM_KEY}")
-            entry = {**_keys_for(source, str(method)), **entry}
+        if isinstance(entry, dict) and isinstance(entry.get(FROM_KEY), str):
+            source = _named_file(path, entry[FROM_KEY], f"{PER_METHOD}.{method}.{FROM_KEY}").resolve()
+            entry = {**method_keys(source, str(method)), **entry, FROM_KEY: {"file": str(source)}}
         entries[method] = entry
     return {**data, PER_METHOD: entries}
 
 
-def _keys_for(source: Path, method: str) -> dict[str, Any]:
-    """The algorithm keys config file `source` itself writes for `method` (see _with_method_sources)."""
-    from raysim.registry import algorithm_class  # here: the registry imports the schema, which needs no files
-
-    own = _read_one_yaml(source)
+def method_keys(source: Path, method: str) -> dict[str, Any]:
+    """The algorithm keys config file `source` itself writes for `method`: its `algorithm:` section
+    (but `name`), then its `per_method:` entry for the method. Its own file, not its `extends:` chain:
+    a family's scaled config (e.g. feddm/base_cpu) writes its scaling over its paper-scale base, and
+    that scaling is what another config takes from it; the base's choices stay the base's."""
+    own = read_one_yaml(source)
     shared = own.get("algorithm") or {}
     entry = (own.get(PER_METHOD) or {}).get(method) or {}
     if not isinstance(shared, dict) or not isinstance(entry, dict) or FROM_KEY in entry:
@@ -121,16 +117,7 @@ def _keys_for(source: Path, method: str) -> dict[str, Any]:
             f"{PER_METHOD} entries of keys, none of them with a '{FROM_KEY}:' of its own: take the keys from the "
             "file that writes them"
         )
-    shared = {k: v for k, v in shared.items() if k != "name"}
-    if _algorithm_name(read_yaml(source)) != method:
-        theirs = sorted(set(shared) & algorithm_class(method).own_params() - set(entry))
-        if theirs:
-            raise RaysimError(
-                f"'{FROM_KEY}: {source}' for {method}: that file's algorithm section, written for another method, "
-                f"sets {method}'s own parameter(s) {', '.join(theirs)}: take them from a file written for {method}, "
-                "or set them in this entry"
-            )
-    return {**shared, **entry}
+    return {**{k: v for k, v in shared.items() if k != "name"}, **entry}
 
 
 def _extended_file(path: Path, target: Any) -> Path:
@@ -162,7 +149,8 @@ def _named_file(path: Path, target: Any, key: str) -> Path:
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-def _read_one_yaml(path: Path) -> dict[str, Any]:
+def read_one_yaml(path: Path) -> dict[str, Any]:
+    """One config file's own tree, without its `extends:` chain."""
     if not path.is_file():
         raise RaysimError(
             f"config file '{path}' does not exist: give the path to a YAML file (see configs/quickstart.yaml)"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.algorithm import BEFORE
-from raysim.config.files import PER_METHOD, read_yaml
+from raysim.config.files import FROM_KEY, PER_METHOD, method_keys, read_one_yaml, read_yaml, resolve
 from raysim.config.parse import build_dataclass, parse_override, set_path
 from raysim.config.schema import Config, client_architectures, validate
 from raysim.errors import RaysimError
@@ -41,7 +41,7 @@ def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str,
     optimiser, learning rate, temperature, augmentation ...) is refused unless this batch sets it
     too or the config's `per_method:` section sets it for that method: one method's value must not
     silently replace another's authors' default."""
-    tree = copy.deepcopy(tree)
+    tree = method_sources(copy.deepcopy(tree))
     items = [(key.split(".") if isinstance(key, str) else list(key), value) for key, value in items]
     section = tree.get("algorithm")
     written = dict(section) if isinstance(section, dict) else {}
@@ -70,6 +70,50 @@ def apply_overrides(tree: dict[str, Any], items: Iterable[tuple[list[str] | str,
     return tree
 
 
+def method_sources(tree: dict[str, Any]) -> dict[str, Any]:
+    """`tree` with each `per_method:` entry's `from:` settled: the keys the named config's own file
+    writes for the method (raysim.config.files.method_keys) under the entry's other keys - taken
+    already where the entry was read from a file, here where it comes as a name in a tree - and
+    checked: a key that is the method's own parameter (Algorithm.own_params) is not taken from a
+    shared section written for another method, as `algorithm.name=` refuses it when it switches."""
+    section = tree.get(PER_METHOD)
+    if not isinstance(section, dict) or not any(isinstance(e, dict) and FROM_KEY in e for e in section.values()):
+        return tree
+    entries = {}
+    for method, entry in section.items():
+        if isinstance(entry, dict) and FROM_KEY in entry:
+            entry = dict(entry)
+            named = entry.pop(FROM_KEY)
+            if isinstance(named, dict) and isinstance(named.get("file"), str):
+                source = Path(named["file"])  # taken where the file was read
+            elif isinstance(named, str) and named:
+                source = resolve(named)
+                entry = {**method_keys(source, str(method)), **entry}
+            else:
+                raise RaysimError(
+                    f"'{PER_METHOD}.{method}.{FROM_KEY}' must name a config file (e.g. {FROM_KEY}: "
+                    f"feddm/base_cpu), got {named!r}"
+                )
+            _check_taken(source, str(method))
+        entries[method] = entry
+    return {**tree, PER_METHOD: entries}
+
+
+def _check_taken(source: Path, method: str) -> None:
+    section = read_yaml(source).get("algorithm")
+    if isinstance(section, dict) and section.get("name") == method:
+        return
+    shared = read_one_yaml(source).get("algorithm") or {}
+    written = set((read_one_yaml(source).get(PER_METHOD) or {}).get(method) or {})
+    theirs = sorted((set(shared) & algorithm_class(method).own_params()) - written)
+    if theirs:
+        raise RaysimError(
+            f"'{FROM_KEY}: {source}' for {method}: that file's algorithm section, written for another method, sets "
+            f"{method}'s own parameter(s) {', '.join(theirs)}: name a file written for {method}, or set them in "
+            f"this config's {PER_METHOD} entry for {method} instead of '{FROM_KEY}:'"
+        )
+
+
 def as_made(tree: dict[str, Any]) -> dict[str, Any]:
     """A run directory's stored config with each algorithm parameter added since the run was made
     set to what that run ran: the value the parameter declares for earlier runs (added_param), else
@@ -96,6 +140,7 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     algorithm = tree.pop("algorithm", None) or {}
     if not isinstance(algorithm, dict):
         raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
+    tree = method_sources(tree)
     algorithm = {**algorithm, **_per_method(tree.pop(PER_METHOD, None), str(algorithm.get("name", "fedavg")))}
     resources = tree.get("resources")
     if isinstance(resources, dict) and resources.get("actors") == "auto":
