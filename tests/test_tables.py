@@ -230,6 +230,20 @@ def test_orderings_count_the_seeds_on_which_they_hold(tmp_path):
     assert "| a | two > one | 60 vs 50 | yes | 2 of 2 seeds |" in text
 
 
+def test_a_wall_time_without_the_cached_client_stage_is_marked(tmp_path):
+    """A one-shot run whose client stage came from the cache did not spend its minutes: the table says so."""
+    table = load_table(write_table(tmp_path, GOOD))
+    runs = plan_runs(table, "cpu", [0], ["a"], ["one", "two"], tmp_path / "out", None)
+    for run in runs:
+        fake_run(run, 0.5)
+        if run.method == "two":
+            run.run_dir.write_summary({**run.run_dir.read_summary(), "client_stage_cached": True})
+    rows = method_rows(table, collect(runs), ["a"], ["one", "two"])
+    text = markdown(table, "cpu", rows, [])
+    assert "| 1 | 1.0 | 3.0 |" in text and "| 1 | 1.0* | 3.0 |" in text  # one, then two
+    assert "* Client stage read from the cache" in text
+
+
 def test_a_cell_without_paper_figures_checks_every_ordering_the_table_names(tmp_path):
     text = GOOD.replace(", paper: {one: 50, two: [60, 1]}", "").replace(
         "title: t", "title: t\norderings: ['one > two']"

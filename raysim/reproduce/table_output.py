@@ -92,6 +92,9 @@ def ordering_rows(
     return rows
 
 
+CACHED_MARK = "*"  # beside a wall time that leaves out a client stage read from the cache
+
+
 def method_rows(
     table: Table, measured: dict[tuple[str, str], Measured], cells: list[str], methods: list[str]
 ) -> list[dict[str, Any]]:
@@ -113,6 +116,8 @@ def method_rows(
                 row[f"{SHORT[metric]}_mean"], row[f"{SHORT[metric]}_std"] = value.mean, value.std
             row["per_seed"] = " ".join(f"{v:.1f}" for v in m.values(table.metric))
             row["wall_min"] = m.stat("wall_time_s", 1 / 60).mean
+            # runs whose one-shot client stage came from the cache: their minutes do not include it
+            row["wall_cached_runs"] = sum(bool(s.get("client_stage_cached")) for s in m.summaries)
             row["mb_moved"] = stat([mb_moved(s) for s in m.summaries]).mean
             for key, extra in table.extra.items():
                 value = m.stat(key, extra.scale)
@@ -306,8 +311,15 @@ def markdown(
         lines.append(
             f"| {table.cells[r['cell']].label} | {table.methods[r['method']].label} "
             f"| {shown(r['paper_mean'], r['paper_std'])} | {measured} | {r['per_seed'] or '-'} | {r['seeds']} "
-            f"| {one_decimal(r['wall_min'])} | {one_decimal(r['mb_moved'])} |"
+            f"| {one_decimal(r['wall_min'])}{CACHED_MARK if r.get('wall_cached_runs') else ''} "
+            f"| {one_decimal(r['mb_moved'])} |"
         )
+    if any(r.get("wall_cached_runs") for r in rows):
+        lines += [
+            "",
+            f"{CACHED_MARK} Client stage read from the cache (trained by another method's run of the seed): "
+            "not in these minutes.",
+        ]
     if table.extra:
         labels = [extra.label + (" (%)" if extra.unit == "percent" else "") for extra in table.extra.values()]
         lines += ["", "Readings (summary.json, mean +- std over the seeds):", ""]
