@@ -241,7 +241,7 @@ def test_a_wall_time_without_the_cached_client_stage_is_marked(tmp_path):
     rows = method_rows(table, collect(runs), ["a"], ["one", "two"])
     text = markdown(table, "cpu", rows, [])
     assert "| 1 | 1.0 | 3.0 |" in text and "| 1 | 1.0* | 3.0 |" in text  # one, then two
-    assert "* Client stage read from the cache" in text
+    assert "Minutes marked * leave out a client stage read from the cache" in text
 
 
 def test_a_cell_without_paper_figures_checks_every_ordering_the_table_names(tmp_path):

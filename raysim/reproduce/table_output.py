@@ -317,8 +317,8 @@ def markdown(
     if any(r.get("wall_cached_runs") for r in rows):
         lines += [
             "",
-            f"{CACHED_MARK} Client stage read from the cache (trained by another method's run of the seed): "
-            "not in these minutes.",
+            f"Minutes marked {CACHED_MARK} leave out a client stage read from the cache (trained by another "
+            "method's run of the seed).",
         ]
     if table.extra:
         labels = [extra.label + (" (%)" if extra.unit == "percent" else "") for extra in table.extra.values()]
