@@ -103,8 +103,9 @@ def _check_taken(source: Path, method: str) -> None:
     section = read_yaml(source).get("algorithm")
     if isinstance(section, dict) and section.get("name") == method:
         return
-    shared = read_one_yaml(source).get("algorithm") or {}
-    written = set((read_one_yaml(source).get(PER_METHOD) or {}).get(method) or {})
+    own = read_one_yaml(source)
+    shared = own.get("algorithm") or {}
+    written = set((own.get(PER_METHOD) or {}).get(method) or {})
     theirs = sorted((set(shared) & algorithm_class(method).own_params()) - written)
     if theirs:
         raise RaysimError(
