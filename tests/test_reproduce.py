@@ -84,10 +84,11 @@ def test_running_it_again_skips_every_finished_run_in_seconds(smoke):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
     """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends
-    it): the finished run stays, the same command skips it and resumes the interrupted one."""
+    it): the finished run stays, the same command skips it and resumes the interrupted one. One method
+    of the smoke table (its two seeds) is enough for the rule."""
     out = tmp_path / "table"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "reproduce", "smoke", "--out", str(out)],
+        [sys.executable, "-m", "raysim.cli", "reproduce", "smoke", "--methods", "fedavg", "--out", str(out)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -107,11 +108,12 @@ def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
         stderr = proc.stderr.read().decode()
         assert code == 130 and "interrupted: finished runs are kept" in stderr, stderr[-2000:]
     assert not second.read_summary().get("finished")
-    again = reproduce("smoke", "--out", str(out))
+    again = reproduce("smoke", "--methods", "fedavg", "--out", str(out))
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "1 of 4 runs finished already: skipped" in again.stderr
+    assert "1 of 2 runs finished already: skipped" in again.stderr
     assert "fmnist_dir0.5/fedavg/s1: resumed" in again.stderr
-    assert measured(out) == measured(smoke[0])
+    rows = measured(out)
+    assert len(rows) == 1 and rows.items() <= measured(smoke[0]).items(), rows  # an uninterrupted run's figures
 
 
 def test_runs_side_by_side_give_the_numbers_of_runs_one_after_another(tmp_path):
