@@ -61,14 +61,19 @@ def test_literal_eq_8_depends_on_a_clients_logit_offset_and_the_default_teacher_
     assert (literal[0] != literal[1]).sum() > 0  # eq. 8: the offset changes the teacher's answer
     default = [F.softmax(stratified_logits(z, y, over_clients, None), 1) for z in (logits, shifted)]
     assert torch.allclose(default[0], default[1], atol=1e-5)
-    # the default is the authors' code's teacher: label-weighted clients, no per-class scaling
+    # the default is the authors' code's teacher: clients weighted per target label by the raw u, no
+    # eq. 8; against eq. 4-5's normalised weights each class y's logits are scaled by sum_k u[k, y]
     hydra = algorithm()
-    assert hydra.params.aggregation == "label_weighted"
+    assert hydra.params.aggregation == "label_weighted_raw"
     state = {"u": u, "over_clients": normalise_over_clients(u), "over_classes": normalise_over_classes(u)}
     weights, scale = hydra.teacher_weights(state, "label_weighted", "cpu")
     assert scale is None and torch.allclose(weights, over_clients)
     raw, scale = hydra.teacher_weights(state, "label_weighted_raw", "cpu")
     assert scale is None and torch.allclose(raw, torch.tensor(u, dtype=torch.float32))
+    per_class = torch.tensor(u.sum(0), dtype=torch.float32)[y, None]  # s_y of each sample's target
+    raw_teacher = stratified_logits(logits, y, raw, None)
+    assert torch.allclose(raw_teacher, stratified_logits(logits, y, over_clients, None) * per_class, atol=1e-4)
+    assert not torch.allclose(F.softmax(raw_teacher, 1), default[0], atol=1e-2)  # another temperature per class
     assert torch.allclose(hydra.teacher_weights(state, "stratified_eq8", "cpu")[1], over_classes)
 
 

@@ -10,21 +10,22 @@ After the one-shot client stage (algorithms/oneshot/_common.py):
   it), `stratification_scores` the u it came from, and `stratification_rank_correlation` how u
   ranks against each client's prediction rate and precision per class on the test images.
 - **The teacher** (`aggregation`), for a synthetic sample with target label y:
-  - `label_weighted` (default): sum_k U_r[k, y] P_k, the clients' logits weighted per target
-    label (eq. 4-5, 10-11) and not scaled per class. This is the teacher the authors' released
-    code builds (Jun-B0518/ICDE2025-FL-SA@a7481f2, `helpers/synthesizers.py`, `Ensemble_E`): its
+  - `label_weighted_raw` (default): sum_k u[k, y] P_k, the clients' logits weighted per target
+    label by the raw u of eq. 2 and not scaled per class. This is the teacher the authors' released
+    code builds (Jun-B0518/ICDE2025-FL-SA@a7481f2, `helpers/synthesizers.py`, `Ensemble_E`): it is
+    handed `label_logit_weights`, the u of `interview` with no normalisation over clients, and its
     per-client class weights (`model_logit_weights`, U_c's role) are initialised to ones and never
     set or read, so eq. 8 is not applied. (As released, that forward pass cannot run: it keeps one
     sample and one model and indexes u by client where it means class; the weighting by the
-    target label is what it is written to do.) The default because it is the teacher of the
-    authors' code, and because eq. 8 on logits depends on each client's arbitrary logit offset
-    (raysim.algorithms.oneshot.ensemble; tested);
-  - `label_weighted_raw`: the same with the raw u (their code hands u to `Ensemble_E` without
-    eq. 4-5's normalisation), so each class's teacher logits are also scaled by sum_k u[k, y];
+    target label is what it is written to do.) Against eq. 4-5's normalised weights, each class's
+    teacher logits are scaled by s_y = sum_k u[k, y], a per-class inverse temperature;
+  - `label_weighted`: sum_k U_r[k, y] P_k with u normalised over clients (eq. 4-5, 10-11), the
+    paper's weights without eq. 8 (also accepted as `stratified_unscaled`);
   - `stratified_eq8`: the paper's eq. 8-11 literally, each client's logits first scaled per class
-    by its U_c row (eq. 8) (also accepted as `stratified`);
+    by its U_c row (eq. 8) (also accepted as `stratified`). Eq. 8 on logits depends on each
+    client's arbitrary logit offset (raysim.algorithms.oneshot.ensemble; tested), which is one
+    reason the label-weighted teachers beat it;
   - `mean`: the average ensemble (the paper's AE, Fig. 7).
-  (`stratified_unscaled` is accepted for `label_weighted`.)
 - **HASA** (Algorithm 3), each distillation epoch: the generator minimises
   CE(P, y) + lambda1 L_BN + lambda2 L_AD (eq. 13-16; L_AD = -KL(P, F_g), on the samples where the
   server model disagrees with P, as in the authors' DENSE-based code); the server model then
@@ -41,8 +42,10 @@ was likely read this way); `ensemble_accuracy_stratified[_given_label]` are eq. 
 As the authors' code: temperature 1 for eq. 17 and eq. 15, the stratification's 20 generator steps
 of batch 256 with random crop + flip of its images, no augmentation of the generator's images
 during synthesis (`synthesis_augment`), crop + flip of the pooled images in distillation.
-Choices where paper and code are silent or disagree: beta = 1 (the paper introduces the term;
-the code's default 0 switches eq. 18 off, `beta: 0`), kl_weight 1 (their kl_alpha2).
+Choices where paper and code are silent: beta = 1 (the paper introduces the term without a value;
+the code's argparse default kl_alpha1 = 0 sits beside defaults `--oh`, `--bn`, `--adv` = 0 that
+switch off the paper's generator losses, so the defaults are not what was run; `beta: 0` switches
+eq. 18 off), kl_weight 1 (their kl_alpha2).
 """
 
 from __future__ import annotations
@@ -84,8 +87,8 @@ class FedHydra(DataFreeDistillation):
         kl_weight: float = 1.0  # of the distillation KL (eq. 19; their kl_alpha2)
         kl_reduction: str = "mean"  # mean (their KLCom) | batchmean
         temperature: float = 1.0  # of the distillation KL (eq. 17)
-        # label_weighted (their code) | label_weighted_raw | stratified_eq8 (the paper's eq. 8-11) | mean (AE)
-        aggregation: str = "label_weighted"
+        # label_weighted_raw (their code) | label_weighted (eq. 4-5) | stratified_eq8 (eq. 8-11) | mean (AE)
+        aggregation: str = "label_weighted_raw"
         stratify_learn_z: bool = False  # also train the stratification generator's noise
 
         def validate(self) -> None:
