@@ -18,6 +18,8 @@ of the aligned models. `alignment` chooses what the transport compares:
 own, as the paper's models are trained from different seeds (their code's `torch.manual_seed(i)`
 per model; `--diff-init` for data-separated ones): averaging without alignment (FedAvg one-shot) is
 then expected to fail, and alignment does the work: weight-based OT then permutes neurons (tested).
+The default stays `shared`: on the two 2-core cells neither setting puts OT fusion on the paper's
+side of FedAvg one-shot in both (experiments/oneshot/README.md), and one client stage serves every method.
 The anchor is a parameter: by default the client with the most data (the paper leaves it open; any
 client is a valid choice). It needs one architecture made of plain conv/linear chains (cnn2, cnn3,
 lenet, mlp, convnet) and refuses others with one line. Distillation rounds leave the fused model
