@@ -48,6 +48,10 @@ FINAL_MODEL = "checkpoints/final_model.pt"
 CLIENT_STATE = "client_state"
 LOCK = ".lock"
 FOLDERS = (TENSORBOARD, "checkpoints", CLIENT_STATE)  # written into by raysim, or by TensorBoard's writer
+# A finished run's record: everything its figures (tables, reports, curves) are read from. Without its
+# checkpoints and TensorBoard events it cannot be resumed, but `raysim report` and `raysim reproduce`
+# read it as a finished run; the experiment reports commit only these files (experiments/.gitignore).
+RECORD = (CONFIG, DATA, METRICS, SUMMARY)
 
 
 @dataclass(frozen=True)
