@@ -59,7 +59,9 @@ Server (Algorithm 1):
   widely M's values spread (CKA of classifiers sits in a narrow band below 1): the most dissimilar candidate is exp(1 /
   group_temperature) times as likely as the most similar one (0.5: about 7.4 times), every
   candidate has a positive chance, and the rule moves from `cka` (temperature -> 0) to `random`
-  (temperature -> infinity).
+  (temperature -> infinity). The default stays `cka`, the paper's rule as its Algorithm 1 states it
+  (the authors released no code); `cka_sampled` and `random` are raysim's, for the question whether
+  complementarity helps once every set is sent (the DCFL report's `dcfl_grouping` measures it).
   Diagnostics of coverage, from the per-client count of deliveries (how many times each client's
   condensed set went to a returning client; server state): `sets_sent_clients`, how many clients'
   sets were sent at least once so far; `sets_sent_fraction`, that over the clients seen so far;
