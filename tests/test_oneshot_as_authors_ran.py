@@ -46,8 +46,8 @@ def fake_ctx(channels: int = 1, size: int = 28) -> SimpleNamespace:
 def test_literal_eq_8_depends_on_a_clients_logit_offset_and_the_default_teacher_does_not():
     """Adding a constant to one client's logits changes none of its probabilities. Eq. 8 multiplies
     the logits by U_c per class, so the constant moves each class by another amount and the literal
-    teacher's prediction changes; the teacher of the authors' code (no eq. 8) moves every class by
-    the same amount, so its probabilities stay."""
+    teacher's prediction changes; the default teacher (no eq. 8, as in the authors' code) moves every
+    class by the same amount, so its probabilities stay."""
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 64, 10, generator=gen)  # (clients, samples, classes)
     u = np.random.default_rng(0).random((3, 10)) * 5 + 0.1
@@ -61,10 +61,10 @@ def test_literal_eq_8_depends_on_a_clients_logit_offset_and_the_default_teacher_
     assert (literal[0] != literal[1]).sum() > 0  # eq. 8: the offset changes the teacher's answer
     default = [F.softmax(stratified_logits(z, y, over_clients, None), 1) for z in (logits, shifted)]
     assert torch.allclose(default[0], default[1], atol=1e-5)
-    # the default is the authors' code's teacher: clients weighted per target label by the raw u, no
-    # eq. 8; against eq. 4-5's normalised weights each class y's logits are scaled by sum_k u[k, y]
+    # the default: clients weighted per target label by eq. 4-5's normalised u, no eq. 8; the authors'
+    # code's reading (the raw u) scales each class y's logits by sum_k u[k, y]
     hydra = algorithm()
-    assert hydra.params.aggregation == "label_weighted_raw"
+    assert hydra.params.aggregation == "label_weighted"
     state = {"u": u, "over_clients": normalise_over_clients(u), "over_classes": normalise_over_classes(u)}
     weights, scale = hydra.teacher_weights(state, "label_weighted", "cpu")
     assert scale is None and torch.allclose(weights, over_clients)
