@@ -75,9 +75,10 @@ def test_running_it_again_skips_every_finished_run_in_seconds(smoke, tmp_path):
     runs, _, _ = smoke
     out = tmp_path / "records"
     for summary in runs.glob("*/*/s*/" + SUMMARY):
+        record = out / summary.parent.relative_to(runs)
+        record.mkdir(parents=True)
         for name in RECORD:
-            (out / summary.parent.relative_to(runs)).mkdir(parents=True, exist_ok=True)
-            shutil.copy(summary.parent / name, out / summary.parent.relative_to(runs) / name)
+            shutil.copy(summary.parent / name, record / name)
     before = (runs / "table.csv").read_text()
     started = time.perf_counter()
     again = reproduce("smoke", "--out", str(out))
