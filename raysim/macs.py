@@ -13,13 +13,20 @@ behind a generator 2, an evaluation 1.
 Readings that are not the method's work (the teachers' test-set logits of the one-shot family,
 DynaFed's diagnostics) run inside `paused()` and are not counted; their seconds still are.
 
+Work whose cost lies outside the layers' forward passes runs inside `every_operation()`, which counts
+by PyTorch's dispatcher instead (torch.utils.flop_counter.FlopCounterMode: every matrix product and
+convolution, forward or backward at any order, FLOPs / 2): DynaFed's synthesis, whose outer gradient
+differentiates through its unrolled training steps, a second-order backward the hook would count as
+one (about half of what runs: 1/2.2 with the MLP, 1/2.5 with LeNet). The dispatcher puts every
+operation, not every layer, on a Python path (an MLP's synthesis iteration takes 3.8 times as long,
+LeNet's 1.4), so it is not used everywhere, and `IdenticalWork` pays it once for work repeated
+identically (each of the synthesis's iterations runs the same operations on tensors of the same
+shapes): the first piece is counted by the dispatcher, the others add its count.
+
 What it leaves out, on purpose: layers other than linear and convolution (norms, activations,
-pooling: a few percent of a small CNN's MACs), operations outside modules (torch.func's
-higher-order gradients through DynaFed's unrolled steps are counted as one backward, so its
-synthesis counts about half of what runs: 1/2.2 with the MLP, 1/2.5 with LeNet against torch's
-FlopCounterMode), and compiled models (`resources.compile` is refused beside `eval.count_macs`: a
-compiled graph traces the hook in and recompiles for each new counter). The counts are a measure for
-comparing methods, not a profiler's.
+pooling: a few percent of a small CNN's MACs), and compiled models (`resources.compile` is refused
+beside `eval.count_macs`: a compiled graph traces the hook in and recompiles for each new counter).
+The counts are a measure for comparing methods, not a profiler's.
 
 Cost: the hook puts every module call on PyTorch's slower path (a few microseconds a layer), which
 is why counting is off unless a config asks for it; the numbers a run computes do not change.
@@ -36,6 +43,7 @@ from torch import nn
 
 _CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _paused = 0  # > 0 inside paused(): layers run but are not counted
+_installed: list[MacCounter] = []  # the counters of the counting() contexts now open
 
 
 class MacCounter:
@@ -69,10 +77,29 @@ def counting(enabled: bool = True) -> Iterator[MacCounter | None]:
         return
     counter = MacCounter()
     handle = nn.modules.module.register_module_forward_hook(counter)
+    _installed.append(counter)
     try:
         yield counter
     finally:
+        _installed.remove(counter)
         handle.remove()
+
+
+@contextlib.contextmanager
+def every_operation() -> Iterator[None]:
+    """Count what runs inside by the dispatcher (every matrix product and convolution, higher-order
+    gradients included) rather than by the layer hook, into every open counter; nothing is counted
+    when no counter is open or inside paused()."""
+    if not _installed or _paused:
+        yield
+        return
+    from torch.utils.flop_counter import FlopCounterMode
+
+    mode = FlopCounterMode(display=False)
+    with paused(), mode:  # the hook stands aside: each operation is counted once, by the dispatcher
+        yield
+    for counter in _installed:
+        counter.total += mode.get_total_flops() // 2
 
 
 @contextlib.contextmanager
@@ -84,3 +111,27 @@ def paused() -> Iterator[None]:
         yield
     finally:
         _paused -= 1
+
+
+class IdenticalWork:
+    """Pieces of work that run the same operations on tensors of the same shapes: the first counted by
+    the dispatcher (every_operation), each other one as the first, without the dispatcher's cost."""
+
+    def __init__(self) -> None:
+        self.macs: int | None = None
+
+    @contextlib.contextmanager
+    def piece(self) -> Iterator[None]:
+        if not _installed or _paused:
+            yield
+            return
+        if self.macs is None:
+            before = [counter.total for counter in _installed]
+            with every_operation():
+                yield
+            self.macs = _installed[0].total - before[0]
+            return
+        with paused():
+            yield
+        for counter in _installed:
+            counter.total += self.macs

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from raysim.config import dump_config
-from raysim.macs import counting, paused
+from raysim.macs import counting, every_operation, paused
 from raysim.outputs.metrics import MetricsTable
 from raysim.reproduce import load_table
 from raysim.reproduce.curves import pareto_front
@@ -55,6 +55,44 @@ def test_a_layers_macs_count_the_backward_passes_its_forward_is_run_for():
         pass
     layer(x)  # outside the context: nothing is counted, the hook is gone
     assert counter.total == 0
+
+
+def test_a_gradient_through_unrolled_training_is_counted_whole_by_the_dispatcher():
+    """Where both apply (a training step) the layer hook and every_operation() agree to the MAC; an
+    outer gradient through an unrolled step (DynaFed's synthesis) is a second-order backward, which
+    the hook counts as one and the dispatcher counts whole."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    images, labels = torch.randn(32, 8, requires_grad=True), torch.randn(32, 4).softmax(1)
+    target = {n: p.detach() + 0.01 for n, p in net.named_parameters()}
+
+    def training_step():
+        nn.functional.cross_entropy(net(images.detach()), labels).backward()
+
+    def unrolled_step():  # one SGD step on the images, then the gap to a target, back to the images
+        params = dict(net.named_parameters())
+        loss = nn.functional.cross_entropy(functional_call(net, params, (images,)), labels)
+        grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+        gap = sum(((p - 0.1 * g - target[n]) ** 2).sum() for (n, p), g in zip(params.items(), grads))
+        gap.backward()
+
+    counts = {}
+    for name, work in (("training", training_step), ("unrolled", unrolled_step)):
+        with counting() as hook:
+            work()
+        with counting() as dispatcher, every_operation():
+            work()
+        counts[name] = hook.total, dispatcher.total
+    assert counts["training"][0] == counts["training"][1] > 0
+    hook, dispatcher = counts["unrolled"]
+    assert dispatcher > 1.5 * hook
+    with counting() as counter, paused(), every_operation():
+        unrolled_step()
+    assert counter.total == 0  # a reading stays uncounted
+    with every_operation():
+        unrolled_step()  # no counter open: nothing to count into, and no error
 
 
 def test_counting_macs_changes_no_number_and_records_each_clients_and_the_servers(run_tiny):

@@ -89,6 +89,36 @@ def test_trajectory_matching_reduces_the_distance_and_beats_noise():
     assert syn < noise
 
 
+@pytest.mark.parametrize("recompute", [False, True])
+def test_the_synthesis_counts_its_second_order_backward_once_per_iteration(recompute):
+    """eval.count_macs: each iteration's MACs are what PyTorch's dispatcher counts in it (FLOPs / 2,
+    the backward through the unrolled steps whole), the first counted and the rest added as it."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from raysim.macs import counting
+
+    model, trajectory = toy_trajectory()
+
+    def run(iterations):
+        g = torch.Generator().manual_seed(0)
+        images, labels = torch.randn(8, 1, 4, 4, generator=g), torch.zeros(8, 2)
+        kwargs = dict(inner_steps=3, horizon=2, target_average=1, batch_size=3, image_lr=0.05, label_lr=0.05)
+        synthesize(model, trajectory, images, labels, iterations=iterations, step_size=0.1, step_size_lr=0.01,
+                   generator=g, recompute=recompute, **kwargs)  # fmt: skip
+
+    dispatched = {}
+    for iterations in (1, 3):
+        with FlopCounterMode(display=False) as dispatcher:
+            run(iterations)
+        dispatched[iterations] = dispatcher.get_total_flops() // 2
+    with counting() as one:
+        run(1)
+    with counting() as three:
+        run(3)
+    assert dispatched[3] == 3 * dispatched[1]  # the iterations are the same work, as IdenticalWork assumes
+    assert one.total == dispatched[1] > 0 and three.total == dispatched[3]
+
+
 def test_the_shift_invariant_distance_ignores_what_sgd_cannot_move():
     model, trajectory = toy_trajectory()
     start, target = checkpoint(model, trajectory[0]), checkpoint(model, trajectory[-1])

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
+from raysim.macs import IdenticalWork
 from raysim.precision import autocast
 from raysim.training import soft_cross_entropy
 
@@ -247,21 +248,25 @@ def synthesize(
         [{"params": [x], "lr": image_lr}, {"params": [y], "lr": label_lr}, {"params": [step], "lr": step_size_lr}]
     )
     losses = []
+    # MACs (eval.count_macs): the outer gradient is a second-order backward through the unrolled steps,
+    # which only the dispatcher counts whole; every iteration repeats the same work (raysim.macs).
+    iteration = IdenticalWork()
     for _ in range(iterations):
-        start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
-        optimizer.zero_grad(set_to_none=True)
-        if recompute:
-            loss = matching_gradients_recomputed(
-                model, start, target, x, y, step, inner_steps, batch_size, generator, augment, shift_free
-            )
-        else:
-            end = unrolled_training(
-                model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size, generator, augment
-            )
-            loss = normalised_distance(end, start, target, shift_free)
-            loss.backward()
-            loss = float(loss.detach())
-        optimizer.step()
+        with iteration.piece():
+            start, target = segment(trajectory, horizon, target_average, generator, names, x.device, target_average_max)
+            optimizer.zero_grad(set_to_none=True)
+            if recompute:
+                loss = matching_gradients_recomputed(
+                    model, start, target, x, y, step, inner_steps, batch_size, generator, augment, shift_free
+                )
+            else:
+                end = unrolled_training(
+                    model, start, x, y, step.clamp_min(MIN_STEP_SIZE), inner_steps, batch_size, generator, augment
+                )
+                loss = normalised_distance(end, start, target, shift_free)
+                loss.backward()
+                loss = float(loss.detach())
+            optimizer.step()
         losses.append(loss)
     return x.detach(), y.detach(), max(float(step.detach()), MIN_STEP_SIZE), losses
 
