@@ -92,8 +92,8 @@ WRITERS = {
     ),
     "table": (
         lambda d: _write_table(d),
-        ["table.md.tmp", "table.csv.tmp"],
-        ["table.md", "table.csv"],
+        ["table.md.tmp", "table.csv.tmp", ".gitignore.tmp"],
+        ["table.md", "table.csv", ".gitignore"],
     ),
     "curves": (_write_curves, ["curves.png.tmp"], ["curves.png"]),
     "sweep": (_write_sweep, ["base.yaml.tmp", "sweep.yaml.tmp"], ["base.yaml", "sweep.yaml"]),
@@ -119,6 +119,7 @@ def _write_table(out: Path) -> None:
 
     write_text(out / "table.md", "| a |\n")  # as raysim.reproduce.table_output.write_outputs
     write_text(out / "table.csv", "a\n")
+    write_text(out / ".gitignore", "checkpoints/\n")
 
 
 @pytest.mark.parametrize("at_final_name", [False, True], ids=["temporary names", "final names"])

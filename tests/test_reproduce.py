@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from raysim.outputs.run_dir import RECORD, SUMMARY, RunDir
+from raysim.outputs.run_dir import RECORD, RunDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,15 +70,23 @@ def test_smoke_table_is_written_beside_the_papers_figures(smoke):
     print(f"smoke table: {seconds:.0f} s")
 
 
-def test_running_it_again_skips_every_finished_run_in_seconds(smoke, tmp_path):
-    """From the runs' records alone (what the experiment reports commit: no checkpoints, no events)."""
+def test_what_git_keeps_of_the_folder_writes_the_table_again_in_seconds(smoke, tmp_path):
+    """The folder's .gitignore leaves each run's record to version control (what the experiment reports
+    commit: no checkpoints, no events), and from those files alone the table is written again."""
     runs, _, _ = smoke
+    repo = tmp_path / "repo"
+    shutil.copytree(runs, repo)
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--others", "--exclude-standard"], cwd=repo, check=True, capture_output=True, text=True
+    )
+    kept = [Path(name) for name in listed.stdout.split()]
+    run_files = [k for k in kept if len(k.parts) == 4]  # CELL/METHOD/sSEED/FILE
+    assert sorted(k.name for k in run_files) == sorted(RECORD * 4)  # 4 runs, each its record only
     out = tmp_path / "records"
-    for summary in runs.glob("*/*/s*/" + SUMMARY):
-        record = out / summary.parent.relative_to(runs)
-        record.mkdir(parents=True)
-        for name in RECORD:
-            shutil.copy(summary.parent / name, record / name)
+    for name in run_files:
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(repo / name, out / name)
     before = (runs / "table.csv").read_text()
     started = time.perf_counter()
     again = reproduce("smoke", "--out", str(out))

@@ -50,8 +50,11 @@ LOCK = ".lock"
 FOLDERS = (TENSORBOARD, "checkpoints", CLIENT_STATE)  # written into by raysim, or by TensorBoard's writer
 # A finished run's record: everything its figures (tables, reports, curves) are read from. Without its
 # checkpoints and TensorBoard events it cannot be resumed, but `raysim report` and `raysim reproduce`
-# read it as a finished run; the experiment reports commit only these files (experiments/.gitignore).
+# read it as a finished run; the experiment reports commit only these files.
 RECORD = (CONFIG, DATA, METRICS, SUMMARY)
+# The rest of a run directory: what resuming it, TensorBoard and its owner need, not its figures
+# (a table's folder keeps them out of version control: raysim.reproduce.table_output).
+BEYOND_RECORD = (*(f"{folder}/" for folder in FOLDERS), ACTORS, LOCK)
 
 
 @dataclass(frozen=True)

@@ -239,6 +239,7 @@ def _spent(value: Stat | str) -> str:
 
 
 TABLE_FILES = ("table.md", "table.csv")
+GITIGNORE = ".gitignore"  # a table's folder committed keeps each run's record only (raysim.outputs.run_dir)
 
 
 def check_out(out: Path, table: Table) -> None:
@@ -246,7 +247,7 @@ def check_out(out: Path, table: Table) -> None:
     written in --out, so that hours of runs never end in an error at the last step."""
     from raysim.reproduce.curves import FIGURE_FILES
 
-    for name in (*TABLE_FILES, *(FIGURE_FILES[axis] for axis in table.figures)):
+    for name in (*TABLE_FILES, GITIGNORE, *(FIGURE_FILES[axis] for axis in table.figures)):
         path = out / name
         if path.is_dir() and not path.is_symlink():
             raise RaysimError(
@@ -265,8 +266,11 @@ def write_outputs(
     command: str = "",
 ) -> list[Path]:
     """DIR/table.md, DIR/table.csv and the table's figures (curves.png, curves_mb.png) from the
-    finished runs; `command` (the one that writes them) heads table.md."""
+    finished runs; `command` (the one that writes them) heads table.md. DIR/.gitignore leaves each
+    run's record to version control (what the command reads to write the table again without
+    running), not its checkpoints and events."""
     from raysim.outputs.files import write_text
+    from raysim.outputs.run_dir import BEYOND_RECORD
 
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)
@@ -275,6 +279,8 @@ def write_outputs(
     board = leaderboard_rows(table, measured, cells, methods) if table.leaderboard else []
     write_text(out / TABLE_FILES[0], markdown(table, scale, rows, orderings, rounds, command, board))
     write_text(out / TABLE_FILES[1], as_csv(table, scale, rows, orderings, rounds, board))
+    header = "# Written by raysim reproduce: each run keeps its record here, not what resumes it.\n"
+    write_text(out / GITIGNORE, header + "".join(f"{name}\n" for name in BEYOND_RECORD))
     written = [out / name for name in TABLE_FILES]
     if any(m.seeds for m in measured.values()):
         from raysim.reproduce.curves import FIGURE_FILES, write_curves
