@@ -360,6 +360,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             address=args.address,
             parallel=args.parallel,
             resources=args.overrides,
+            table_only=args.table_only,
         )
     except KeyboardInterrupt:
         print("interrupted: finished runs are kept; the same command continues the table", file=sys.stderr)
@@ -501,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repro.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     repro.add_argument("--parallel", type=int, help="runs side by side (default: as many as the cluster holds)")
+    repro.add_argument(
+        "--table-only",
+        action="store_true",
+        help="run nothing: write the table from the runs of the selection already finished in --out",
+    )
     repro.set_defaults(func=_cmd_reproduce)
 
     bench = sub.add_parser("bench", help="benchmarks that print ratios")

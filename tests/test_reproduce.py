@@ -98,6 +98,21 @@ def test_what_git_keeps_of_the_folder_writes_the_table_again_in_seconds(smoke, t
     assert seconds < 30, seconds  # no Ray started: the interpreter, torch and the table
 
 
+def test_table_only_writes_the_table_from_the_finished_runs_and_runs_nothing(smoke, tmp_path):
+    """A table part-way: FedAvg's two runs are there, FedProx's not; --table-only writes FedAvg's
+    row as the whole table has it and leaves FedProx's empty, without starting Ray."""
+    runs, _, _ = smoke
+    out = tmp_path / "part"
+    shutil.copytree(runs / "fmnist_dir0.5" / "fedavg", out / "fmnist_dir0.5" / "fedavg")
+    done = reproduce("smoke", "--out", str(out), "--table-only")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the table from 2 of 4 runs (finished); nothing run" in done.stderr and "[1/" not in done.stderr
+    assert not (out / "fmnist_dir0.5" / "fedprox").exists()
+    assert measured(out)[("fmnist_dir0.5", "fedavg")] == measured(runs)[("fmnist_dir0.5", "fedavg")]
+    assert measured(out)[("fmnist_dir0.5", "fedprox")] == ""
+    assert "raysim reproduce smoke --scale cpu --out DIR" in (out / "table.md").read_text()  # what runs it all
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
     """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends
@@ -168,6 +183,7 @@ methods:
         (["smoke", "--out", "x", "--seeds", "0"], "--seeds '0'"),
         (["smoke", "--out", "x", "--cells", "nosuch"], "has no cell nosuch"),
         (["dcfl_table2", "--out", "x", "--cells", "fmnist_ck2"], "give --data-root DIR"),
+        (["smoke", "--out", "x", "--table-only"], "no run of the selection has finished in 'x'"),
     ],
 )
 def test_bad_requests_are_one_line_and_exit_2(args, words):

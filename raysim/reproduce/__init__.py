@@ -92,10 +92,13 @@ def reproduce(
     parallel: int | None = None,
     bars: bool = True,
     resources: list[str] = (),
+    table_only: bool = False,
 ) -> tuple[list[Path], list]:
     """Run the selection (skipping finished runs, resuming unfinished ones) and write the table.
-    Returns the files written and the runs that failed (with their one-line errors)."""
-    from raysim.reproduce.runs import execute, plan_runs
+    Returns the files written and the runs that failed (with their one-line errors). `table_only`:
+    run nothing, write the table from the finished runs (a table part-way, or one whose records
+    were received; the data need not be here)."""
+    from raysim.reproduce.runs import execute, finished_only, plan_runs
     from raysim.reproduce.table_output import check_out, write_outputs
 
     if scale not in SCALES:
@@ -114,14 +117,18 @@ def reproduce(
         raise RaysimError(f"--out '{out}' is a file: give a new or existing folder for the table's runs")
     check_out(out, table)  # table.md & co. can be written: refused now, not after the runs
     # unset: each run reads its dataset's folder in the data home (RAYSIM_DATA, raysim.data.home)
-    runs = plan_runs(table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources)
+    runs = plan_runs(
+        table, scale, parse_seeds(seeds, table.seeds), available, method_names, out, data_root, resources, table_only
+    )
+    if table_only:
+        finished_only(runs, out)  # before real_folder: it creates --out, and there is nothing to put in it
     try:  # once every run's config is valid: a refused table leaves no folder behind
         from raysim.outputs.files import real_folder
 
         real_folder(out)  # a linked --out is refused before the runs, not when the table is written
     except OSError as exc:
         raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None
-    failures = execute(runs, address, parallel, bars)
+    failures = [] if table_only else execute(runs, address, parallel, bars)
     command = command_line(table, scale, seeds, cells, methods, resources)
     return write_outputs(table, scale, runs, out, available, method_names, command), failures
 

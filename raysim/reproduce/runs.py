@@ -44,10 +44,12 @@ def plan_runs(
     out: Path,
     data_root: str | Path | None,
     resources: list[str] = (),
+    table_only: bool = False,
 ) -> list[PlannedRun]:
     """Every run of the selection, its config built and validated now (before anything runs).
     `resources` are `resources.key=value` overrides: how the runs use the machine at hand (the
-    table decides everything else, so they are the only keys that may change)."""
+    table decides everything else, so they are the only keys that may change). `table_only`: the
+    runs are read, not run, so neither their data nor their inputs (a transfer set) need be here."""
     from raysim.config import parse_override
     from raysim.config.load import apply_overrides, config_from_dict
 
@@ -67,7 +69,7 @@ def plan_runs(
                 tree = apply_overrides(table.config_tree(cell, method, scale, seed, data_root), parsed)
                 dataset = tree.get("dataset") or {}
                 name = dataset.get("name", "embedded")
-                if name != "embedded" and not dataset_folder(name, dataset.get("root")).is_dir():
+                if not table_only and name != "embedded" and not dataset_folder(name, dataset.get("root")).is_dir():
                     raise RaysimError(
                         f"table {table.name}, cell {cell} reads {name} and there is no "
                         f"{dataset_folder(name, dataset.get('root'))}: {get_hint(name)}, or give --data-root DIR, "
@@ -75,7 +77,8 @@ def plan_runs(
                     )
                 try:
                     config = config_from_dict(tree)
-                    algorithm_class(config.algorithm.name).check_inputs(config)  # a transfer set, say
+                    if not table_only:
+                        algorithm_class(config.algorithm.name).check_inputs(config)  # a transfer set, say
                 except RaysimError as exc:
                     raise RaysimError(f"table {table.name}, cell {cell}, method {method}: {exc}") from None
                 runs.append(PlannedRun(cell, method, seed, config, RunDir(out / cell / method / f"s{seed}")))
@@ -199,6 +202,19 @@ class TableProgress:
                 file=self.stream,
                 flush=True,
             )
+
+
+def finished_only(runs: list[PlannedRun], out: Path) -> None:
+    """--table-only: every run directory present must be the table's (run_state refuses another
+    config), and at least one finished; says how many of the selection the table is written from."""
+    states = [run_state(run) for run in runs]
+    finished = states.count("finished")
+    if not finished:
+        raise RaysimError(
+            f"--table-only: no run of the selection has finished in '{out}': leave --table-only out to run them, "
+            "or give the --out that holds them"
+        )
+    print(f"--table-only: the table from {finished} of {len(runs)} runs (finished); nothing run", file=sys.stderr)
 
 
 def execute(
