@@ -113,6 +113,18 @@ def test_table_only_writes_the_table_from_the_finished_runs_and_runs_nothing(smo
     assert "raysim reproduce smoke --scale cpu --out DIR" in (out / "table.md").read_text()  # what runs it all
 
 
+def test_table_only_refuses_a_cell_whose_runs_ran_on_different_data(smoke, tmp_path):
+    """Records received without the data: the runs of a cell are checked against each other."""
+    runs, _, _ = smoke
+    out = tmp_path / "mixed"
+    shutil.copytree(runs / "fmnist_dir0.5" / "fedavg", out / "fmnist_dir0.5" / "fedavg")
+    edited = out / "fmnist_dir0.5" / "fedavg" / "s1" / "data.json"
+    edited.write_text(edited.read_text().replace('"digest": "', '"digest": "0'))
+    done = reproduce("smoke", "--out", str(out), "--table-only")
+    assert done.returncode == 2 and "the runs of cell fmnist_dir0.5 ran on different data" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not (out / "table.md").exists()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
     """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends

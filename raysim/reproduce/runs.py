@@ -102,10 +102,10 @@ NEUTRAL_KEYS = {
 }
 
 
-def run_state(run: PlannedRun) -> str:
+def run_state(run: PlannedRun, data_here: bool = True) -> str:
     """'finished', 'unfinished' (started: resumed from its checkpoint, or extended to more rounds)
     or 'new'. A run directory holding another config than the table's is refused in one line (its
-    figures would be mixed in)."""
+    figures would be mixed in), and, with `data_here`, one made on other data than the data at hand."""
     if not run.run_dir.holds_run():
         return "new"
     try:
@@ -141,7 +141,7 @@ def run_state(run: PlannedRun) -> str:
             f"'{run.run_dir}' holds a run of another config than the table's ({shown}"
             f"{', ...' if len(differing) > 3 else ''}): remove that folder, or give another --out"
         )
-    if run.run_dir.read_data() is not None:  # the data at hand are those it ran on (or one line)
+    if data_here and run.run_dir.read_data() is not None:  # the data at hand are those it ran on (or one line)
         from raysim.runner import check_data, read_data
 
         check_data(run.run_dir, read_data(run.config)[1], run.config.dataset.root)
@@ -206,15 +206,27 @@ class TableProgress:
 
 def finished_only(runs: list[PlannedRun], out: Path) -> None:
     """--table-only: every run directory present must be the table's (run_state refuses another
-    config), and at least one finished; says how many of the selection the table is written from."""
-    states = [run_state(run) for run in runs]
-    finished = states.count("finished")
+    config), the runs of a cell must have run on the same data (their data records: the data need
+    not be here), and at least one must have finished; says how many the table is written from."""
+    finished = [run for run in runs if run_state(run, data_here=False) == "finished"]
     if not finished:
         raise RaysimError(
             f"--table-only: no run of the selection has finished in '{out}': leave --table-only out to run them, "
             "or give the --out that holds them"
         )
-    print(f"--table-only: the table from {finished} of {len(runs)} runs (finished); nothing run", file=sys.stderr)
+    for cell in dict.fromkeys(run.cell for run in finished):
+        data = {}
+        for run in finished:
+            identity = run.run_dir.read_data() if run.cell == cell else None
+            if identity is not None:
+                data.setdefault(identity.describe(), run.run_dir.path)
+        if len(data) > 1:
+            shown = "; ".join(f"{where}: {what}" for what, where in list(data.items())[:2])
+            raise RaysimError(
+                f"--table-only: the runs of cell {cell} ran on different data ({shown}): remove the runs "
+                "made on the wrong data, or give another --out"
+            )
+    print(f"--table-only: the table from {len(finished)} of {len(runs)} runs (finished); nothing run", file=sys.stderr)
 
 
 def execute(
