@@ -214,14 +214,14 @@ def finished_only(runs: list[PlannedRun], out: Path) -> None:
             f"--table-only: no run of the selection has finished in '{out}': leave --table-only out to run them, "
             "or give the --out that holds them"
         )
-    for cell in dict.fromkeys(run.cell for run in finished):
-        data = {}
-        for run in finished:
-            identity = run.run_dir.read_data() if run.cell == cell else None
-            if identity is not None:
-                data.setdefault(identity.describe(), run.run_dir.path)
-        if len(data) > 1:
-            shown = "; ".join(f"{where}: {what}" for what, where in list(data.items())[:2])
+    data: dict[str, dict[str, Path]] = {}  # cell -> the data its runs ran on -> a run that ran on it
+    for run in finished:
+        identity = run.run_dir.read_data()
+        if identity is not None:
+            data.setdefault(run.cell, {}).setdefault(identity.describe(), run.run_dir.path)
+    for cell, seen in data.items():
+        if len(seen) > 1:
+            shown = "; ".join(f"{where}: {what}" for what, where in list(seen.items())[:2])
             raise RaysimError(
                 f"--table-only: the runs of cell {cell} ran on different data ({shown}): remove the runs "
                 "made on the wrong data, or give another --out"
