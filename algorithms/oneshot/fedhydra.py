@@ -49,7 +49,8 @@ during synthesis (`synthesis_augment`), crop + flip of the pooled images in dist
 Choices where paper and code are silent: beta = 1 (the paper introduces the term without a value;
 the code's argparse default kl_alpha1 = 0 sits beside defaults `--oh`, `--bn`, `--adv` = 0 that
 switch off the paper's generator losses, so the defaults are not what was run; `beta: 0` switches
-eq. 18 off), kl_weight 1 (their kl_alpha2).
+eq. 18 off; chosen before any run of either, and kept after the one-shot report's teacher table set
+0 beside it), kl_weight 1 (their kl_alpha2).
 """
 
 from __future__ import annotations
