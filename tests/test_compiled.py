@@ -112,16 +112,17 @@ def test_a_bad_compile_value_is_one_line():
 
 
 @pytest.mark.slow
-def test_compiled_runs_give_the_same_numbers_on_one_or_two_actors_or_in_process(run_tiny):
+def test_compiled_runs_give_the_same_numbers_on_two_actors_or_in_process(run_tiny):
     """FedAF: local training, the DM embeddings and the server's training all compiled (the MLP:
-    it compiles in seconds, and the question is the graphs' reuse, not their speed)."""
+    it compiles in seconds, and the question is the graphs' reuse, not their speed). In process:
+    the one client runtime a single actor would host (tests/test_engine.py compares the two with a
+    single Ray actor)."""
     from tests.test_algorithms import LEARNS_WITH
 
     settings = {**LEARNS_WITH["fedaf"], "algorithm.name": "fedaf", "model.name": "mlp", "resources.compile": True}
     two, _ = run_tiny(**settings, **{"resources.in_process": False, "resources.actors": 2})
-    one, _ = run_tiny(**settings, **{"resources.in_process": False, "resources.actors": 1})
     here, _ = run_tiny(**settings)
     assert not compiled.enabled()  # the in-process run gave this process its setting back
     keys = ("final_accuracy", "best_accuracy", "final_loss")
-    assert [one[k] for k in keys] == [two[k] for k in keys] == [here[k] for k in keys]
-    assert one["final_accuracy"] > 0.3  # ten classes: far above chance
+    assert [two[k] for k in keys] == [here[k] for k in keys]
+    assert two["final_accuracy"] > 0.3  # ten classes: far above chance

@@ -37,11 +37,12 @@ def rows(run_dir):
     ]
 
 
-def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_one_actor_and_in_process(run_tiny):
+def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_and_in_process(run_tiny):
+    # in process: the one client runtime a single actor would host (tests/test_engine.py compares
+    # the two with a single Ray actor)
     summary, two = run_tiny(**HETEROGENEOUS, **{"resources.in_process": False, "resources.actors": 2})
-    _, one = run_tiny(**HETEROGENEOUS, **{"resources.in_process": False, "resources.actors": 1})
     _, here = run_tiny(**HETEROGENEOUS)
-    assert rows(two) == rows(one) == rows(here)
+    assert rows(two) == rows(here)
 
     # entries take their sizes from `model:` unless they set them: width_multiplier 0.125 for both
     # scalable models (cnn2 has no multiplier)
@@ -91,7 +92,9 @@ def test_server_only_rounds_resume_after_sigkill_to_the_same_numbers(run_tiny, t
     _, uninterrupted = run_tiny(**extra)
     run_dir = tmp_path / "killed"
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    done = run_and_kill_after_round(tiny_overrides(**extra), run_dir, 2, env)  # in a server-only round
+    # in process, as the uninterrupted run (no actors to start: the rounds killed are the server's)
+    in_process = tiny_overrides(**extra, **{"resources.in_process": True})
+    done = run_and_kill_after_round(in_process, run_dir, 2, env)  # in a server-only round
     assert 2 <= done < 4
     resumed = subprocess.run(
         # the run names user code (tests.engine_algorithms), which a resume imports only when allowed
@@ -181,7 +184,7 @@ def readme_example() -> list[str]:
 
 
 @pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
-def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tmp_path):
+def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tmp_path, monkeypatch, capsys):
     prefix, *command = readme_example()
     assert prefix == "PYTHONPATH=examples" and (ROOT / "examples/my_fl.py").is_file()
     assert command[:3] == ["raysim", "run", "configs/quickstart.yaml"]
@@ -218,30 +221,21 @@ def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tm
     ]
     assert len(norms) == 2 and all(n > 0 for n in norms)
 
-    # a wrong path is one line and exit 2, before Ray starts
+    # a wrong path is one line and exit 2, before Ray starts (in this process: the subprocess above
+    # already covers the command's own start)
+    from raysim.cli import main
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_ADDRESS", "")
     for key, value, said in (
         ("algorithm.name", "my_fl:Nope", "module 'my_fl'"),
         ("algorithm.name", "nosuch_module:Algo", "no module 'nosuch_module'"),
         ("model.name", "my_fl:nope", "has no model factory named 'nope'"),
         ("algorithm.name", "my_fl:small_cnn", "not a subclass of raysim.algorithm.Algorithm"),
     ):
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raysim.cli",
-                "run",
-                str(ROOT / command[2]),
-                f"{key}={value}",
-                "--out",
-                str(tmp_path / "bad"),
-            ],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert bad.returncode == 2, bad.stderr[-2000:]
-        lines = bad.stderr.strip().splitlines()
-        assert len(lines) == 1 and said in lines[0] and key in lines[0], bad.stderr
+        code = main(["run", str(ROOT / command[2]), f"{key}={value}", "--out", str(tmp_path / "bad")])
+        err = capsys.readouterr().err
+        assert code == 2, err[-2000:]
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and said in lines[0] and key in lines[0], err

@@ -75,7 +75,9 @@ def test_fedaf_same_numbers_with_one_or_two_actors(run_tiny):
         rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
         return [(r["round"], r["value"]) for r in rows if r["client"] is None and r["metric"] in ("accuracy", "loss")]
 
-    _, one = run_tiny(**fedaf(**{"resources.actors": 1, "resources.in_process": False}))
+    # one: the one client runtime a single actor would host, in process (tests/test_engine.py
+    # compares the two with a single Ray actor)
+    _, one = run_tiny(**fedaf(**{"resources.actors": 1}))
     _, two = run_tiny(**fedaf(**{"resources.actors": 2, "resources.in_process": False}))
     assert accuracy(one) == accuracy(two)
 

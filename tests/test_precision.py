@@ -77,22 +77,22 @@ def test_a_bad_precision_is_one_line():
         load_config("configs/quickstart.yaml", ["resources.precision=float16"])
 
 
-def test_bfloat16_runs_give_the_same_numbers_on_one_or_two_actors_or_in_process(run_tiny):
+def test_bfloat16_runs_give_the_same_numbers_on_two_actors_or_in_process(run_tiny):
     from raysim import precision
 
     # one round: CPU autocast makes the tiny CNN's convolutions slow (27.6 s a 2-round run here, 7.3 s
-    # in float32), and the rule is the same after one round
+    # in float32), and the rule is the same after one round. In process: the one client runtime a
+    # single actor would host (tests/test_engine.py compares the two with a single Ray actor).
     one_round = {"rounds": 1}
     bf16 = {"resources.precision": "bfloat16", **one_round}
     two, _ = run_tiny(**bf16, **{"resources.in_process": False, "resources.actors": 2})
-    one, _ = run_tiny(**bf16, **{"resources.in_process": False, "resources.actors": 1})
     here, _ = run_tiny(**bf16)
     assert precision._dtype is None  # the in-process run gave this process its float32 back
     full, _ = run_tiny(**one_round)
     keys = ("final_accuracy", "best_accuracy", "final_loss")
-    assert [one[k] for k in keys] == [two[k] for k in keys] == [here[k] for k in keys]
-    assert one["final_loss"] != full["final_loss"]  # autocast did run
-    assert one["final_accuracy"] > 0.3  # ten classes: far above chance
+    assert [two[k] for k in keys] == [here[k] for k in keys]
+    assert two["final_loss"] != full["final_loss"]  # autocast did run
+    assert two["final_accuracy"] > 0.3  # ten classes: far above chance
 
 
 @pytest.mark.slow

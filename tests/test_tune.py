@@ -98,7 +98,9 @@ def test_an_interrupted_sweep_resumes_ranks_its_trials_and_writes_a_runnable_bes
     ranks them and writes the best config; resuming the finished sweep reruns nothing."""
     from raysim.tuning import resume_sweep
 
-    sweep = write_sweep(tmp_path, overrides={**TINY_BASE, "rounds": 3}, concurrency=1)
+    # each trial trains in its own process (no actors to start): the rule is the sweep's, not the engine's
+    in_process = {**TINY_BASE["resources"], "in_process": True}
+    sweep = write_sweep(tmp_path, overrides={**TINY_BASE, "rounds": 3, "resources": in_process}, concurrency=1)
     out = tmp_path / "out"
     env = {**os.environ, "RAY_DEDUP_LOGS": "1"}
     cmd = [sys.executable, "-m", "raysim.cli", "tune"]
@@ -142,7 +144,11 @@ def test_a_failing_trial_is_recorded_with_its_error_and_the_sweep_goes_on(ray_se
     failed row and its error, and best.yaml from the trials that finished."""
     from raysim.tuning import run_sweep
 
-    base = {**TINY_BASE, "algorithm": {"name": "tests.engine_algorithms:FailsWhenAsked"}}
+    base = {
+        **TINY_BASE,
+        "algorithm": {"name": "tests.engine_algorithms:FailsWhenAsked"},
+        "resources": {**TINY_BASE["resources"], "in_process": True},
+    }
     sweep = load_sweep(write_sweep(tmp_path, overrides=base, space={"algorithm.fail": {"grid": [True, False]}}))
     rows = run_sweep(sweep, tmp_path / "out")
     by_fail = {r["algorithm.fail"]: r for r in rows}
