@@ -47,6 +47,19 @@ SLOW_FILES = {
 }
 
 
+def pytest_configure(config):
+    """Under xdist, each worker (and the Ray, actors and subprocesses it starts) keeps to its own
+    share of the cores. Torch sizes its thread pools by the cores it may use (the server's by the
+    process's affinity): unpinned, two workers each training with every core oversubscribe the
+    machine, and spinning OpenMP threads made single tests up to 4x slower than alone."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is None or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= count:
+        os.sched_setaffinity(0, cores[int(worker.removeprefix("gw")) % count :: count])
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in SLOW_FILES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
