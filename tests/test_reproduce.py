@@ -139,6 +139,9 @@ def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        # as from a terminal: a suite started in the background of a shell without job control
+        # ignores SIGINT, and its children would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     # kill it once the second run has checkpointed a round (the first finished, the second half done)
     second = RunDir(out / "fmnist_dir0.5" / "fedavg" / "s1")
