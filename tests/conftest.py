@@ -149,8 +149,10 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
 
     Runs are in process (`resources.in_process`: no actor start-up, about 8 s of CPU per actor
     on 2 cores) unless the test asks for `resources.in_process=False`; engine tests do, and one
-    checks that both give the same numbers. Runs are deterministic, so a run with the same
-    overrides is done once per session and shared.
+    checks that both give the same numbers. The other tests of equal numbers across actor counts
+    compare two actors with an in-process run: the one client runtime a single actor would host,
+    on the same code path (tests/test_engine.py also runs a single Ray actor). Runs are
+    deterministic, so a run with the same overrides is done once per session and shared.
     """
     from raysim.config.load import load_config
     from raysim.runner import run_experiment

@@ -114,9 +114,7 @@ def test_a_bad_compile_value_is_one_line():
 @pytest.mark.slow
 def test_compiled_runs_give_the_same_numbers_on_two_actors_or_in_process(run_tiny):
     """FedAF: local training, the DM embeddings and the server's training all compiled (the MLP:
-    it compiles in seconds, and the question is the graphs' reuse, not their speed). In process:
-    the one client runtime a single actor would host (tests/test_engine.py compares the two with a
-    single Ray actor)."""
+    it compiles in seconds, and the question is the graphs' reuse, not their speed)."""
     from tests.test_algorithms import LEARNS_WITH
 
     settings = {**LEARNS_WITH["fedaf"], "algorithm.name": "fedaf", "model.name": "mlp", "resources.compile": True}

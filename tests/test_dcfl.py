@@ -167,8 +167,7 @@ def test_dcfl_learns_selects_unseen_clients_first_and_counts_bytes_exactly(dcfl_
 
 
 def test_dcfl_gives_the_same_numbers_on_one_and_two_actors(dcfl_run, ray_session, tmp_path):
-    """The reference ran in process: the one client runtime a single actor would host
-    (tests/test_engine.py compares the two with a single Ray actor)."""
+    """The reference ran in process: one client runtime, as on one actor (tests/conftest.py: run_tiny)."""
     _, reference = dcfl_run
     _, run_dir = run(tmp_path, "actors2", **{"resources.in_process": False, "resources.actors": 2})
     assert deterministic_rows(run_dir) == deterministic_rows(reference)

@@ -38,8 +38,6 @@ def rows(run_dir):
 
 
 def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_and_in_process(run_tiny):
-    # in process: the one client runtime a single actor would host (tests/test_engine.py compares
-    # the two with a single Ray actor)
     summary, two = run_tiny(**HETEROGENEOUS, **{"resources.in_process": False, "resources.actors": 2})
     _, here = run_tiny(**HETEROGENEOUS)
     assert rows(two) == rows(here)

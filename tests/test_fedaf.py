@@ -75,8 +75,7 @@ def test_fedaf_same_numbers_with_one_or_two_actors(run_tiny):
         rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
         return [(r["round"], r["value"]) for r in rows if r["client"] is None and r["metric"] in ("accuracy", "loss")]
 
-    # one: the one client runtime a single actor would host, in process (tests/test_engine.py
-    # compares the two with a single Ray actor)
+    # one: in process, one client runtime, as on one actor (tests/conftest.py: run_tiny)
     _, one = run_tiny(**fedaf(**{"resources.actors": 1}))
     _, two = run_tiny(**fedaf(**{"resources.actors": 2, "resources.in_process": False}))
     assert accuracy(one) == accuracy(two)

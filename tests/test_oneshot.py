@@ -341,9 +341,7 @@ def test_the_literal_eq_8_is_an_ablation_of_the_teacher_only(six_methods, tmp_pa
 
 
 def test_fedhydra_gives_the_same_numbers_on_one_and_two_actors(ray_session, tmp_path):
-    """Two client actors against one client runtime in this process (resources.in_process: the
-    runtime a single actor hosts, on the same code path; tests/test_engine.py also compares it with
-    a single Ray actor)."""
+    """Two client actors against one client runtime in process, as on one actor (tests/conftest.py: run_tiny)."""
     rows = {}
     for actors in (1, 2):
         _, run_dir = run(

@@ -81,8 +81,7 @@ def test_bfloat16_runs_give_the_same_numbers_on_two_actors_or_in_process(run_tin
     from raysim import precision
 
     # one round: CPU autocast makes the tiny CNN's convolutions slow (27.6 s a 2-round run here, 7.3 s
-    # in float32), and the rule is the same after one round. In process: the one client runtime a
-    # single actor would host (tests/test_engine.py compares the two with a single Ray actor).
+    # in float32), and the rule is the same after one round
     one_round = {"rounds": 1}
     bf16 = {"resources.precision": "bfloat16", **one_round}
     two, _ = run_tiny(**bf16, **{"resources.in_process": False, "resources.actors": 2})
