@@ -215,3 +215,19 @@ def test_list_names_the_tables_with_cells_methods_and_estimates():
     assert "smoke: " in done.stdout and "dcfl_table2: " in done.stdout
     assert "cells:   fmnist_dir0.5" in done.stdout
     assert "1 cells x 2 methods x 2 seeds: " in done.stdout and "on this machine" in done.stdout
+
+
+def test_time_left_is_estimated_from_whole_runs_only():
+    """A resumed run ran only its last rounds: the time left is estimated from runs run whole, so a
+    table resumed in a new session does not promise minutes for hours of runs."""
+    import io
+    from types import SimpleNamespace
+
+    from raysim.reproduce.runs import TableProgress
+
+    out = io.StringIO()
+    progress = TableProgress(total=4, parallel=1, stream=out)
+    progress.finished(SimpleNamespace(name="c/m/s0"), "resumed, 0.1 min", 6.0, resumed=True)
+    assert "min left" not in out.getvalue()
+    progress.finished(SimpleNamespace(name="c/m/s1"), "final accuracy 0.5, 2.0 min", 120.0)
+    assert out.getvalue().splitlines()[-1].endswith("about 4.0 min left)")

@@ -186,10 +186,12 @@ class TableProgress:
         with self.lock:
             print(text, file=self.stream, flush=True)
 
-    def finished(self, run: PlannedRun, what: str, seconds: float | None = None) -> None:
+    def finished(self, run: PlannedRun, what: str, seconds: float | None = None, resumed: bool = False) -> None:
+        """The time left is estimated from the runs run whole: a resumed run ran only its last rounds,
+        and a failed one has no time."""
         with self.lock:
             self.done += 1
-            if seconds is not None:
+            if seconds is not None and not resumed:
                 self.run_seconds.append(seconds)
             left = self.total - self.done
             elapsed = (time.perf_counter() - self.started) / 60
@@ -315,6 +317,6 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
         accuracy = summary.get("final_accuracy")
         shown = f"final accuracy {accuracy:.4f}" if accuracy is not None else "no accuracy"
         seconds = time.perf_counter() - t0
-        progress.finished(run, f"{how}{shown}, {seconds / 60:.1f} min", seconds)
+        progress.finished(run, f"{how}{shown}, {seconds / 60:.1f} min", seconds, resumed=bool(how))
 
     return one
