@@ -18,7 +18,7 @@ from raysim.config import dump_config
 from raysim.macs import counting, every_operation, paused
 from raysim.outputs.metrics import MetricsTable
 from raysim.reproduce import load_table
-from raysim.reproduce.curves import pareto_front
+from raysim.reproduce.curves import method_styles, pareto_front
 from raysim.reproduce.runs import plan_runs
 from raysim.reproduce.table_output import collect, leaderboard_rows, markdown
 from raysim.results import cost_to, read_run
@@ -237,3 +237,28 @@ def test_reproduce_writes_the_leaderboard_and_the_four_pictures_from_the_runs_co
     assert 0 < float(board["once"]["best"]) <= 100 and float(board["once"]["server_gmacs"]) > 0
     for name in ("curves.png", "curves_mb.png", "curves_compute.png", "pareto.png"):
         assert (out / name).stat().st_size > 10_000, name
+
+
+def test_no_two_of_the_benchmarks_methods_look_alike_in_its_pictures():
+    """18 methods in one panel: each has its own colour and line style, the same in every picture."""
+    styles = method_styles(load_table("benchmark"))
+    looks = {(tuple(style["color"]), style["linestyle"]) for style in styles.values()}
+    assert len(styles) == 18 and len(looks) == 18
+    assert len({tuple(style["color"]) for style in styles.values()}) == 18
+
+
+def test_the_labels_of_methods_that_move_the_same_bytes_do_not_cover_each_other():
+    """Eight methods at FedAvg's bytes within 10 points of each other: their labels are spread at
+    least the gap apart (a twentieth of the axis), each still naming its own point."""
+    from matplotlib.figure import Figure
+
+    from raysim.reproduce.curves import _labels_apart
+
+    ax = Figure().add_subplot()
+    points = [(189.5, 72.0 + 0.5 * i) for i in range(8)] + [(9.5, 40.0)]
+    ax.plot(*zip(*points), "o")
+    _labels_apart(ax, points, [f"m{i}" for i in range(9)])
+    low, high = ax.get_ylim()
+    placed = sorted(text.get_position()[1] for text in ax.texts if text.get_position()[0] > 189.5)
+    assert len(placed) == 8 and min(b - a for a, b in zip(placed, placed[1:])) >= (high - low) * 0.05 - 1e-9
+    assert {text.get_text(): text.xy for text in ax.texts}["m3"] == points[3]

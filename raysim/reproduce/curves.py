@@ -33,6 +33,22 @@ X_LABELS = {
 }
 
 
+def method_styles(table) -> dict[str, dict[str, str]]:
+    """Each of the table's methods' colour and line style, the same in every panel and picture: up to
+    10 methods tab10's colours with solid lines; beyond, tab20's lighter shades with dashed lines,
+    so that no two of the benchmark's 18 methods look alike."""
+    from matplotlib import colormaps
+
+    names = list(table.methods)
+    if len(names) <= 10:
+        return {name: {"color": colormaps["tab10"](i), "linestyle": "-"} for i, name in enumerate(names)}
+    tab20 = colormaps["tab20"]
+    return {
+        name: {"color": tab20((2 * i) % 20 + (i >= 10)), "linestyle": "--" if i >= 10 else "-"}
+        for i, name in enumerate(names)
+    }
+
+
 def write_curves(table, measured, cells: list[str], methods: list[str], path: Path, axis: str = "rounds") -> Path:
     columns = min(3, len(cells))
     rows = math.ceil(len(cells) / columns)
@@ -66,11 +82,12 @@ def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str)
         rounds = sorted(set().union(*(c["accuracy"][0].tolist() for c in curves)))
         if not rounds or (curve is not None and any(curve not in c for c in curves)):
             continue
-        label = table.methods[method].label
+        label, style = table.methods[method].label, method_styles(table)[method]
         if axis == "mb" and all(_moved_at_once(c["mb_moved"]) for c in curves) and len(rounds) > 1:
             figure = m.stat(table.metric)
             bytes_ = stat([mb_moved(r.summary) for r in m.records]).mean
-            ax.errorbar([bytes_], [figure.mean], yerr=[figure.std or 0], marker="D", capsize=3, label=label)
+            spread = [figure.std or 0]
+            ax.errorbar([bytes_], [figure.mean], yerr=spread, marker="D", capsize=3, label=label, color=style["color"])
             continue
         # a seed without an evaluation at some round leaves a gap there, not the whole curve
         values = np.array([_at(c["accuracy"], rounds) for c in curves]) * 100
@@ -79,7 +96,7 @@ def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str)
             x = np.nanmean([_at(c[curve], rounds) for c in curves], axis=0) / (1e9 if curve == "macs" else 1)
         mean = np.nanmean(values, axis=0)
         marker = "o" if len(rounds) <= 3 else None  # a method evaluated once or twice is a point or two
-        line = ax.plot(x, mean, label=label, marker=marker)[0]
+        line = ax.plot(x, mean, label=label, marker=marker, **style)[0]
         if len(curves) > 1:
             low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
             ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
@@ -101,21 +118,17 @@ def _moved_at_once(series: tuple[np.ndarray, np.ndarray]) -> bool:
 
 
 def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
-    points = []
+    points, labels = [], []
     for method in methods:
         m = measured[(cell, method)]
         figure, moved = m.stat(table.metric), stat([mb_moved(r.summary) for r in m.records])
         if figure.mean is None or moved.mean is None or moved.mean <= 0:
             continue
-        ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, label=None)
-        ax.annotate(
-            table.methods[method].label,
-            (moved.mean, figure.mean),
-            fontsize=7,
-            xytext=(3, 3),
-            textcoords="offset points",
-        )
+        colour = method_styles(table)[method]["color"]
+        ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, color=colour)
         points.append((moved.mean, figure.mean))
+        labels.append(table.methods[method].label)
+    _labels_apart(ax, points, labels)
     front = pareto_front(points)
     if front:
         xs, ys = zip(*front)
@@ -123,6 +136,41 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
     ax.set_xscale("log")
     ax.set_xlabel(X_LABELS["pareto"])
     ax.set_ylabel(f"{table.metric.replace('_accuracy', '').replace('last5', 'last-5')} test accuracy (%)")
+
+
+def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> None:
+    """Each point's label to its right; the labels of points at about the same bytes (within 1.5x:
+    the methods that move what FedAvg moves, and those a little beyond) in one column right of the
+    group, spread apart vertically so that none covers another, each joined to its point by a thin
+    line where it had to move."""
+    low, high = ax.get_ylim()
+    gap = (high - low) * 0.05
+    order = sorted(range(len(points)), key=lambda i: points[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and points[i][0] <= points[groups[-1][0]][0] * 1.5:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    for group in groups:
+        group.sort(key=lambda i: points[i][1])
+        placed = []
+        for i in group:
+            placed.append(max(points[i][1], placed[-1] + gap) if placed else points[i][1])
+        shift = (sum(placed) - sum(points[i][1] for i in group)) / len(group)  # centre the spread on the points
+        column = max(points[i][0] for i in group) * 1.12
+        for i, y in zip(group, placed):
+            x, at = points[i]
+            moved = abs(y - shift - at) > gap / 4 or column > x * 1.2
+            ax.annotate(
+                labels[i],
+                (x, at),
+                xytext=(column, y - shift),
+                textcoords="data",
+                fontsize=7,
+                va="center",
+                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if moved else None,
+            )
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
