@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -33,7 +34,7 @@ X_LABELS = {
 }
 
 
-def method_styles(table) -> dict[str, dict[str, str]]:
+def method_styles(table) -> dict[str, dict[str, Any]]:
     """Each of the table's methods' colour and line style, the same in every panel and picture: up to
     10 methods tab10's colours with solid lines; beyond, tab20's lighter shades with dashed lines,
     so that no two of the benchmark's 18 methods look alike."""
@@ -76,13 +77,14 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
 
 def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str) -> None:
     curve = {"mb": "mb_moved", "compute": _compute_curve(measured, cell, methods)}.get(axis)
+    styles = method_styles(table)
     for method in methods:
         m = measured[(cell, method)]
         curves = [r.curves() for r in m.records]
         rounds = sorted(set().union(*(c["accuracy"][0].tolist() for c in curves)))
         if not rounds or (curve is not None and any(curve not in c for c in curves)):
             continue
-        label, style = table.methods[method].label, method_styles(table)[method]
+        label, style = table.methods[method].label, styles[method]
         if axis == "mb" and all(_moved_at_once(c["mb_moved"]) for c in curves) and len(rounds) > 1:
             figure = m.stat(table.metric)
             bytes_ = stat([mb_moved(r.summary) for r in m.records]).mean
@@ -118,13 +120,13 @@ def _moved_at_once(series: tuple[np.ndarray, np.ndarray]) -> bool:
 
 
 def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
-    points, labels = [], []
+    points, labels, styles = [], [], method_styles(table)
     for method in methods:
         m = measured[(cell, method)]
         figure, moved = m.stat(table.metric), stat([mb_moved(r.summary) for r in m.records])
         if figure.mean is None or moved.mean is None or moved.mean <= 0:
             continue
-        colour = method_styles(table)[method]["color"]
+        colour = styles[method]["color"]
         ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, color=colour)
         points.append((moved.mean, figure.mean))
         labels.append(table.methods[method].label)
