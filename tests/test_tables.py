@@ -165,6 +165,19 @@ def test_a_bad_table_file_is_one_line_naming_what_is_wrong(tmp_path, change, wor
     assert words in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_cells_own_minutes_replace_the_tables_in_the_estimate(tmp_path):
+    """A cell of a larger model takes longer: its own minutes, not the table's, plan its runs; a
+    method it has no figure for counts as missing, not as the table's faster figure."""
+    from raysim.reproduce.estimate import table_minutes
+
+    text = GOOD.replace("a: {config: {cpu: quickstart}", "a: {config: {paper: quickstart}").replace(
+        "methods:",
+        "  b: {config: {paper: quickstart}, minutes: {paper: {one: 10}}}\nminutes: {paper: {one: 1, two: 2}}\nmethods:",
+    )
+    table = load_table(write_table(tmp_path, text))
+    assert table_minutes(table, "paper", runs_per_method=1, speed=1.0) == (1 + 2 + 10, 1)
+
+
 def test_unknown_table_names_the_shipped_ones():
     with pytest.raises(RaysimError, match="give a shipped table .*smoke"):
         load_table("nosuch")

@@ -47,13 +47,14 @@ def calibrate(steps: int = 20) -> float:
 
 def table_minutes(table: Table, scale: str, runs_per_method: int, speed: float) -> tuple[float | None, int]:
     """(estimated minutes for the table's cells at `scale`, number of cells x methods without a
-    recorded figure). `speed` is calibrate() here over REFERENCE_SECONDS."""
-    recorded = table.minutes.get(scale, {})
+    recorded figure). `speed` is calibrate() here over REFERENCE_SECONDS. A cell's own minutes at
+    `scale` replace the table's there (a cell of a larger model or dataset takes longer)."""
     cells = [c for c in table.cells.values() if scale in c.config]
     if not cells:
         return None, 0
     total, missing = 0.0, 0
-    for _ in cells:
+    for cell in cells:
+        recorded = cell.minutes.get(scale, table.minutes.get(scale, {}))
         for method in table.methods:
             if method in recorded:
                 total += recorded[method] * runs_per_method

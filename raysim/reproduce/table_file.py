@@ -19,7 +19,8 @@ A table file (configs/tables/NAME.yaml, shipped with the package):
       fedavg: {label: FedAvg, algorithm: {name: fedavg}}  # `algorithm` replaces the config's section
       dcfl: {label: DCFL, overrides: {algorithm.base: fedavg}}
     orderings: ["dcfl > fedavg"]       # checked per cell and seed; default: the paper's best cell by cell
-    minutes: {cpu: {fedavg: 1.5, dcfl: 4}}  # one run's wall time on the reference 2-core machine
+    minutes: {cpu: {fedavg: 1.5, dcfl: 4}}  # one run's wall time on the reference 2-core machine;
+                                       # a cell's own `minutes` (same form) replace them at its scales
     extra:                             # optional: summary.json numbers shown per cell and method
       cka_label_spearman: {label: "CKA-label rho (last round)"}
       ensemble_accuracy: {label: "average ensemble", unit: percent}
@@ -104,6 +105,8 @@ class Cell:
     # method -> {target accuracy: rounds or null (never)}; read with the targets as summary.json keys them ("0.73")
     paper_rounds: dict[str, dict[float, int | None]] = field(default_factory=dict)
     method_config: dict[str, dict[Scale, str]] = field(default_factory=dict)  # method -> scale -> its own config
+    # a run's minutes in this cell, where its runs take another time than the table's `minutes` say
+    minutes: dict[Scale, dict[str, float]] = field(default_factory=dict)
     name: str = field(default="", init=False)
 
     def __post_init__(self):
@@ -164,6 +167,7 @@ class Table:
                 ("paper figure", cell.paper),
                 ("paper_rounds", cell.paper_rounds),
                 ("method_config", cell.method_config),
+                ("minutes", {m for v in cell.minutes.values() for m in v}),
             ):
                 unknown = sorted(set(methods) - set(self.methods))
                 need(not unknown, f"cell {name}: {what} for unknown method {', '.join(unknown)}")
