@@ -247,18 +247,31 @@ def test_no_two_of_the_benchmarks_methods_look_alike_in_its_pictures():
     assert len({tuple(style["color"]) for style in styles.values()}) == 18
 
 
-def test_the_labels_of_methods_that_move_the_same_bytes_do_not_cover_each_other():
-    """Eight methods at FedAvg's bytes within 10 points of each other: their labels are spread at
-    least the gap apart (a twentieth of the axis), each still naming its own point."""
+def test_no_label_of_the_pareto_panel_covers_another():
+    """Eight methods at FedAvg's bytes within 10 points of each other, and one at twice the bytes
+    whose label would fall among theirs (SCAFFOLD beside FedAvg's column): no two labels' boxes
+    meet, labels in one column are at least the gap apart (a twentieth of the axis), and each
+    still names its own point."""
+    from collections import defaultdict
+
     from matplotlib.figure import Figure
+    from matplotlib.text import Text
 
     from raysim.reproduce.curves import _labels_apart
 
-    ax = Figure().add_subplot()
-    points = [(189.5, 72.0 + 0.5 * i) for i in range(8)] + [(9.5, 40.0)]
+    ax = Figure(figsize=(5, 3.6)).add_subplot()
+    ax.set_xscale("log")
+    points = [(189.5, 72.0 + 0.5 * i) for i in range(8)] + [(9.5, 40.0), (400.0, 73.6)]
     ax.plot(*zip(*points), "o")
-    _labels_apart(ax, points, [f"m{i}" for i in range(9)])
+    _labels_apart(ax, points, [f"method number {i}" for i in range(10)])
+    for text in ax.texts:
+        text.get_window_extent()  # places the annotation for the figure's renderer
+    boxes = [Text.get_window_extent(text) for text in ax.texts]  # the words, not the lines to the points
+    assert len(boxes) == 10 and not [(a, b) for a in range(10) for b in range(a) if boxes[a].overlaps(boxes[b])]
+    columns = defaultdict(list)
+    for text in ax.texts:
+        columns[text.get_position()[0]].append(text.get_position()[1])
     low, high = ax.get_ylim()
-    placed = sorted(text.get_position()[1] for text in ax.texts if text.get_position()[0] > 189.5)
-    assert len(placed) == 8 and min(b - a for a, b in zip(placed, placed[1:])) >= (high - low) * 0.05 - 1e-9
-    assert {text.get_text(): text.xy for text in ax.texts}["m3"] == points[3]
+    apart = [b - a for ys in columns.values() for a, b in zip(sorted(ys), sorted(ys)[1:])]
+    assert max(map(len, columns.values())) >= 8 and min(apart) >= (high - low) * 0.05 - 1e-9
+    assert {text.get_text(): text.xy for text in ax.texts}["method number 3"] == points[3]

@@ -130,12 +130,12 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
         ax.errorbar([moved.mean], [figure.mean], yerr=[figure.std or 0], fmt="o", capsize=3, color=colour)
         points.append((moved.mean, figure.mean))
         labels.append(table.methods[method].label)
+    ax.set_xscale("log")
     _labels_apart(ax, points, labels)
     front = pareto_front(points)
     if front:
         xs, ys = zip(*front)
         ax.step(xs, ys, where="post", color="black", alpha=0.6, label="front: no method moves less for more")
-    ax.set_xscale("log")
     ax.set_xlabel(X_LABELS["pareto"])
     ax.set_ylabel(f"{table.metric.replace('_accuracy', '').replace('last5', 'last-5')} test accuracy (%)")
 
@@ -144,35 +144,77 @@ def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> N
     """Each point's label to its right; the labels of points at about the same bytes (within 1.5x:
     the methods that move what FedAvg moves, and those a little beyond) in one column right of the
     group, spread apart vertically so that none covers another, each joined to its point by a thin
-    line where it had to move."""
+    line where it had to move. Groups whose labels still meet or nearly (a long label reaching the
+    next group's) become one, their labels in one column right of both, so that no line to a point
+    crosses another label. Call with the axis scales set: the check is in the figure's pixels."""
     low, high = ax.get_ylim()
     gap = (high - low) * 0.05
-    order = sorted(range(len(points)), key=lambda i: points[i])
     groups: list[list[int]] = []
-    for i in order:
+    for i in sorted(range(len(points)), key=lambda i: points[i]):
         if groups and points[i][0] <= points[groups[-1][0]][0] * 1.5:
             groups[-1].append(i)
         else:
             groups.append([i])
-    for group in groups:
-        group.sort(key=lambda i: points[i][1])
-        placed = []
-        for i in group:
-            placed.append(max(points[i][1], placed[-1] + gap) if placed else points[i][1])
-        shift = (sum(placed) - sum(points[i][1] for i in group)) / len(group)  # centre the spread on the points
-        column = max(points[i][0] for i in group) * 1.12
-        for i, y in zip(group, placed):
-            x, at = points[i]
-            moved = abs(y - shift - at) > gap / 4 or column > x * 1.2
-            ax.annotate(
-                labels[i],
-                (x, at),
-                xytext=(column, y - shift),
-                textcoords="data",
-                fontsize=7,
-                va="center",
-                arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if moved else None,
-            )
+    groups = [sorted(group, key=lambda i: points[i][1]) for group in groups]
+    while True:
+        texts = [
+            [_label(ax, points[i], labels[i], _column(group, points), y, gap) for i, y in _spread(group, points, gap)]
+            for group in groups
+        ]
+        boxes = [[_words_box(text) for text in group] for group in texts]
+        meet = next(
+            (
+                (a, b)
+                for a in range(len(boxes))
+                for b in range(a + 1, len(boxes))
+                if any(p.overlaps(q) for p in boxes[a] for q in boxes[b])
+            ),
+            None,
+        )
+        if meet is None:
+            return
+        for text in (t for group in texts for t in group):
+            text.remove()
+        a, b = meet
+        groups[a] = sorted(groups[a] + groups.pop(b), key=lambda i: points[i][1])
+
+
+def _column(group: list[int], points) -> float:
+    """Where a group's labels start: a little right of its rightmost point."""
+    return max(points[i][0] for i in group) * 1.12
+
+
+def _spread(group: list[int], points, gap: float) -> list[tuple[int, float]]:
+    """(point, label height) for a group's points by height: at least `gap` apart, centred on them."""
+    placed: list[float] = []
+    for i in group:
+        placed.append(max(points[i][1], placed[-1] + gap) if placed else points[i][1])
+    shift = (sum(placed) - sum(points[i][1] for i in group)) / len(group)
+    return [(i, y - shift) for i, y in zip(group, placed)]
+
+
+def _label(ax, point: tuple[float, float], label: str, column: float, y: float, gap: float):
+    x, at = point
+    moved = abs(y - at) > gap / 4 or column > x * 1.2
+    return ax.annotate(
+        label,
+        point,
+        xytext=(column, y),
+        textcoords="data",
+        fontsize=7,
+        va="center",
+        arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if moved else None,
+    )
+
+
+def _words_box(text):
+    """The pixels of an annotation's words, without the line to its point, and half a letter's
+    width either side: two labels closer than that read as one ("FedProx SCAFFOLD")."""
+    from matplotlib.text import Text
+
+    text.get_window_extent()  # places the annotation for the figure's renderer
+    letter = text.get_fontsize() * text.get_figure(root=True).dpi / 72 / 2
+    return Text.get_window_extent(text).padded(letter / 2, 0)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
