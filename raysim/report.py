@@ -94,7 +94,8 @@ def group_runs(
 
 
 def report(run_dirs: list[str]) -> str:
-    runs = read_runs(run_dirs)
+    records = [read_run(d) for d in run_dirs]
+    runs = [(r.path, r.summary, r.config) for r in records]
     repeats: list[str] = []
     groups = group_runs(runs, repeats)
     differing = differing_keys([c for _, _, c in runs])
@@ -130,8 +131,13 @@ def report(run_dirs: list[str]) -> str:
             rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
         rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
-    if repeats:
-        text += "\n" + "\n".join(f"note: {line}" for line in repeats)
+    notes = repeats + [
+        f"{r.path} diverged at round {r.diverged_round}: its test loss is not finite from then on"
+        for r in records
+        if r.diverged_round is not None
+    ]
+    if notes:
+        text += "\n" + "\n".join(f"note: {line}" for line in dict.fromkeys(notes))
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import uuid
 from dataclasses import dataclass
@@ -507,7 +508,7 @@ class ProgressBar(Callback):
     run refused for its resources prints only the error."""
 
     def __init__(self, name: str):
-        self.name, self.bar, self.moved = name, None, 0.0
+        self.name, self.bar, self.moved, self.diverged = name, None, 0.0, False
 
     def on_run_start(self, start: RunStart) -> None:
         from tqdm import tqdm
@@ -531,6 +532,14 @@ class ProgressBar(Callback):
             self.bar.write(
                 f"round {result.round}: {restarts} client actor restart(s) (Ray restarted a crashed "
                 "actor; its clients' steps re-ran from their saved state, with the same numbers)",
+                file=sys.stderr,
+            )
+        loss = values.get("loss")
+        if loss is not None and not math.isfinite(loss) and not self.diverged:
+            self.diverged = True  # said once: every later round's loss is the same
+            self.bar.write(
+                f"round {result.round}: the global model's test loss is {loss}: the model diverged (its weights "
+                "overflowed) and its accuracy is a constant guess from here; the run goes on to its last round",
                 file=sys.stderr,
             )
         self.bar.set_postfix(postfix, refresh=False)

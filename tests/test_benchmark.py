@@ -118,8 +118,11 @@ def test_counting_macs_of_compiled_models_is_refused_in_one_line():
     assert "\n" not in str(info.value)
 
 
-def fake_run(run_dir: Path, config, accuracy: list[float], mb: list[float], targets: dict[str, int | None]) -> None:
-    """A finished run with a curve: accuracy and MB moved per round, 10 s and 1 GMAC of client work a round."""
+def fake_run(
+    run_dir: Path, config, accuracy: list[float], mb: list[float], targets: dict[str, int | None], loss=()
+) -> None:
+    """A finished run with a curve: accuracy (and test loss, where given) and MB moved per round, 10 s
+    and 1 GMAC of client work a round."""
     from raysim.outputs.run_dir import RunDir
 
     run_dir.mkdir(parents=True)
@@ -128,6 +131,8 @@ def fake_run(run_dir: Path, config, accuracy: list[float], mb: list[float], targ
     table = MetricsTable(rd.path / "metrics.parquet")
     for r, (a, m) in enumerate(zip(accuracy, mb), start=1):
         table.add(r, None, "accuracy", a)
+        if loss:
+            table.add(r, None, "loss", loss[r - 1])
         table.add(r, None, "bytes_up", m * 1e6)
         table.add(r, None, "time_server_update_s", 1.0)
         table.add(r, None, "macs_server", 0.0)
@@ -188,6 +193,47 @@ def test_what_a_method_spent_to_reach_a_target_and_in_all_leads_its_leaderboard_
     row = "| 1 | once | 70.0 +- 0.0 | 70.0 | 70.0 | 5.0 / 0.0 | 5.0 | 5.0 +- 0.0 | 40.0 | 4.0 | 4.0 | 0.0 | 500 | 700 |"
     assert row in markdown(table, "cpu", [], [], [], "", board)
     assert "| 2 | many | 55.0 +- 0.0 |" in markdown(table, "cpu", [], [], [], "", board)
+
+
+def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, capsys):
+    """A seed whose test loss turned NaN sits at a constant guess from then on, which a mean over seeds
+    hides: the progress bar says so when it happens, and the table and `raysim report` name the run
+    and the round. A collapse with a finite loss is not called divergence."""
+    from raysim.outputs.callbacks import RoundResult, RunStart
+    from raysim.report import report
+    from raysim.reproduce.table_output import method_rows
+    from raysim.runner import ProgressBar
+
+    path = tmp_path / "t.yaml"
+    path.write_text(TABLE)
+    table = load_table(path)
+    runs = plan_runs(table, "cpu", [0, 1], ["a"], ["many"], tmp_path / "out", None)
+    nan = float("nan")
+    losses = {0: [2.0, 2.3, 9.0, 2.3], 1: [2.0, 1.5, nan, nan]}  # seed 0 at chance with a finite loss
+    for run in runs:
+        fake_run(run.run_dir.path, run.config, [0.3, 0.5, 0.1, 0.1], [2, 2, 2, 2], {}, losses[run.seed])
+    assert [read_run(r.run_dir.path).diverged_round for r in runs] == [None, 3]
+    measured = collect(runs)
+    text = markdown(
+        table,
+        "cpu",
+        method_rows(table, measured, ["a"], ["many"]),
+        [],
+        [],
+        "",
+        leaderboard_rows(table, measured, ["a"], ["many"]),
+    )
+    assert text.count("Diverged (the test loss not finite from that round on): a / many: seed 1 at round 3.") == 2
+    assert f"{runs[1].run_dir.path} diverged at round 3" in report([str(r.run_dir.path) for r in runs])
+    assert str(runs[0].run_dir.path) + " diverged" not in report([str(r.run_dir.path) for r in runs])
+
+    bar = ProgressBar("x")
+    bar.on_run_start(RunStart(completed_rounds=0, rounds=4))
+    for r, loss in enumerate(losses[1], start=1):
+        bar.on_round_end(RoundResult(r, {"loss": loss, "bytes_up": 0.0, "bytes_down": 0.0}, []))
+    bar.close()
+    said = [line for line in capsys.readouterr().err.splitlines() if "diverged" in line]
+    assert len(said) == 1 and said[0].startswith("round 3: the global model's test loss is nan")
 
 
 def test_the_front_keeps_the_methods_no_other_beats_on_bytes_and_accuracy():

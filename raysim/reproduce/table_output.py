@@ -45,6 +45,11 @@ class Measured:
     def stat(self, key: str, scale: float = 100.0) -> Stat:
         return stat(self.values(key, scale))
 
+    def diverged(self) -> str:
+        """The seeds whose model diverged (raysim.results: test loss not finite), with the round, or ''."""
+        rounds = [(seed, r.diverged_round) for seed, r in zip(self.seeds, self.records)]
+        return "; ".join(f"seed {seed} at round {at}" for seed, at in rounds if at is not None)
+
 
 def collect(runs: list[PlannedRun]) -> dict[tuple[str, str], Measured]:
     out: dict[tuple[str, str], Measured] = {}
@@ -119,6 +124,7 @@ def method_rows(
             # runs whose one-shot client stage came from the cache: their minutes do not include it
             row["wall_cached_runs"] = sum(bool(s.get("client_stage_cached")) for s in m.summaries)
             row["mb_moved"] = stat([mb_moved(s) for s in m.summaries]).mean
+            row["diverged"] = m.diverged()
             for key, extra in table.extra.items():
                 value = m.stat(key, extra.scale)
                 row[f"{key}_mean"], row[f"{key}_std"] = value.mean, value.std
@@ -203,6 +209,7 @@ def leaderboard_rows(
                 row[key] = m.stat(summary_key, scale).mean
             targets = sorted({t for s in m.summaries for t in s.get("rounds_to_accuracy") or {}}, key=float)
             row["mb_to"] = {t: cost_to(m.records, t) for t in targets}
+            row["diverged"] = m.diverged()
             ranked.append(row)
         ranked.sort(key=lambda r: -r["mean"])
         rows += [{**r, "rank": i + 1} for i, r in enumerate(ranked)]
@@ -227,7 +234,21 @@ def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]
             cells += [_number(r[k]) for k, _, _, _ in SPENT]
             cells += [_number(r[k], digits=d) for k, _, _, _, d in READINGS[2:]]
             lines.append(f"| {r['rank']} | {table.methods[r['method']].label} | {' | '.join(cells)} | {r['seeds']} |")
+        lines += _diverged_note(table, mine)
     return lines
+
+
+def _diverged_note(table: Table, rows: list[dict[str, Any]]) -> list[str]:
+    """A line naming the runs whose model diverged, where any did: their accuracy from that round on
+    is a constant guess, which a mean over seeds would otherwise hide."""
+    runs = [
+        f"{table.cells[r['cell']].label} / {table.methods[r['method']].label}: {r['diverged']}"
+        for r in rows
+        if r.get("diverged")
+    ]
+    if not runs:
+        return []
+    return ["", f"Diverged (the test loss not finite from that round on): {', '.join(runs)}."]
 
 
 def _number(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -320,6 +341,7 @@ def markdown(
             f"| {one_decimal(r['wall_min'])}{CACHED_MARK if r.get('wall_cached_runs') else ''} "
             f"| {one_decimal(r['mb_moved'])} |"
         )
+    lines += _diverged_note(table, rows)
     if any(r.get("wall_cached_runs") for r in rows):
         lines += [
             "",
