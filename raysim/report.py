@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from raysim.errors import RaysimError
-from raysim.results import read_curves, read_run, rounds_to, stat
+from raysim.results import RunRecord, read_curves, read_run, rounds_to, stat
 from raysim.tables import text_table
 
 
@@ -94,8 +94,7 @@ def group_runs(
 
 
 def report(run_dirs: list[str]) -> str:
-    records = [read_run(d) for d in run_dirs]
-    runs = [(r.path, r.summary, r.config) for r in records]
+    runs = read_runs(run_dirs)
     repeats: list[str] = []
     groups = group_runs(runs, repeats)
     differing = differing_keys([c for _, _, c in runs])
@@ -132,14 +131,25 @@ def report(run_dirs: list[str]) -> str:
         rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
     notes = repeats + [
-        f"{r.path} diverged at round {r.diverged_round}: its test loss is not finite from then on"
-        for r in records
-        if r.diverged_round is not None
+        line
+        for members in groups.values()
+        for run_dir, summary, config in members
+        if (line := diverged_note(RunRecord(run_dir, summary, config)))
     ]
     if notes:
-        text += "\n" + "\n".join(f"note: {line}" for line in dict.fromkeys(notes))
+        text += "\n" + "\n".join(f"note: {line}" for line in notes)
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text
+
+
+def diverged_note(record: RunRecord) -> str | None:
+    """A line for a run whose model diverged, or whose metrics cannot tell (the report itself needs
+    only its summary, so unreadable metrics do not refuse it); None otherwise."""
+    try:
+        at = record.diverged_at()
+    except RaysimError as exc:
+        return f"{record.path}: whether its model diverged is not known ({exc})"
+    return None if at is None else f"{record.path} diverged at round {at}: its test loss is not finite from then on"
 
 
 ONE_SHOT_COLUMNS = {

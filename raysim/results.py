@@ -5,7 +5,7 @@ One reading of a run (`read_run`: summary.json and config.yaml through `RunDir`,
 line when it is not what raysim writes; `read_curves`: the server's curves from metrics.parquet),
 one statistic over seeds (`stat`: the mean and the sample standard deviation, ddof 1, with the
 number of values), one reading of "rounds to a target accuracy" (`rounds_to`), and one of "the
-model diverged" (`RunRecord.diverged_round`). The two commands differ only in how they lay the
+model diverged" (`RunRecord.diverged_at`). The two commands differ only in how they lay the
 numbers out.
 """
 
@@ -77,14 +77,14 @@ class RunRecord:
             self._curves = read_curves(self.path)
         return self._curves
 
-    @property
-    def diverged_round(self) -> int | None:
+    def diverged_at(self) -> int | None:
         """The first round whose server test loss is not finite (the global model's weights overflowed;
-        its accuracy from then on is a constant guess), or None. A run that collapses to chance with a
-        finite loss is not counted: its accuracy curve shows that. None for a run without metrics."""
+        its accuracy from then on is a constant guess), or None; read from metrics.parquet. A run
+        that collapses to chance with a finite loss is not counted: its accuracy curve shows that.
+        None for a run without metrics (none finished a round)."""
         if self._curves is None and not RunDir(self.path).metrics_file.is_file():
             return None
-        return diverged_round(self.curves()["loss"])
+        return first_nonfinite_round(self.curves()["loss"])
 
     def total(self, curve: str) -> float | None:
         """A cumulative curve's value at the end of the run (None where the run has no such curve)."""
@@ -92,7 +92,7 @@ class RunRecord:
         return float(series[1][-1]) if series is not None and len(series[1]) else None
 
 
-def diverged_round(loss: tuple[np.ndarray, np.ndarray]) -> int | None:
+def first_nonfinite_round(loss: tuple[np.ndarray, np.ndarray]) -> int | None:
     """The first of a (rounds, test loss) series' rounds whose loss is not finite, or None."""
     bad = np.flatnonzero(~np.isfinite(loss[1]))
     return int(loss[0][bad[0]]) if len(bad) else None

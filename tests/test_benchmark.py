@@ -212,7 +212,7 @@ def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, caps
     losses = {0: [2.0, 2.3, 9.0, 2.3], 1: [2.0, 1.5, nan, nan]}  # seed 0 at chance with a finite loss
     for run in runs:
         fake_run(run.run_dir.path, run.config, [0.3, 0.5, 0.1, 0.1], [2, 2, 2, 2], {}, losses[run.seed])
-    assert [read_run(r.run_dir.path).diverged_round for r in runs] == [None, 3]
+    assert [read_run(r.run_dir.path).diverged_at() for r in runs] == [None, 3]
     measured = collect(runs)
     text = markdown(
         table,
@@ -226,6 +226,8 @@ def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, caps
     assert text.count("Diverged (the test loss not finite from that round on): a / many: seed 1 at round 3.") == 2
     assert f"{runs[1].run_dir.path} diverged at round 3" in report([str(r.run_dir.path) for r in runs])
     assert str(runs[0].run_dir.path) + " diverged" not in report([str(r.run_dir.path) for r in runs])
+    (runs[0].run_dir.path / "metrics.parquet").write_bytes(b"not parquet")  # the report needs only summaries
+    assert "whether its model diverged is not known" in report([str(runs[0].run_dir.path)])
 
     bar = ProgressBar("x")
     bar.on_run_start(RunStart(completed_rounds=0, rounds=4))

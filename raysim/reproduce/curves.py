@@ -213,7 +213,7 @@ def _words_box(text):
     from matplotlib.text import Text
 
     text.get_window_extent()  # places the annotation for the figure's renderer
-    letter = text.get_fontsize() * text.get_figure(root=True).dpi / 72 / 2
+    letter = text.get_fontsize() * text.figure.dpi / 72 / 2
     return Text.get_window_extent(text).padded(letter / 2, 0)
 
 

@@ -282,7 +282,7 @@ def _side_by_side(one: Callable[[PlannedRun], None], todo: list[PlannedRun], wid
 def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar: bool) -> Callable[[PlannedRun], None]:
     from raysim.outputs.files import real_folder
     from raysim.outputs.run_lock import unlock_run_dir
-    from raysim.results import read_run
+    from raysim.results import RunRecord
     from raysim.runner import ProgressBar, failure_message, new_run_dir, run_experiment
 
     def one(run: PlannedRun) -> None:
@@ -317,7 +317,10 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
             unlock_run_dir(run.run_dir)
         accuracy = summary.get("final_accuracy")
         shown = f"final accuracy {accuracy:.4f}" if accuracy is not None else "no accuracy"
-        diverged = read_run(run.run_dir.path).diverged_round
+        try:
+            diverged = RunRecord(run.run_dir.path, summary, {}).diverged_at()
+        except RaysimError:  # its metrics unreadable: the table, which reads them too, will say so
+            diverged = None
         if diverged is not None:
             shown += f" (diverged at round {diverged}: test loss not finite)"
         seconds = time.perf_counter() - t0

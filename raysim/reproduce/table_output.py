@@ -47,7 +47,7 @@ class Measured:
 
     def diverged(self) -> str:
         """The seeds whose model diverged (raysim.results: test loss not finite), with the round, or ''."""
-        rounds = [(seed, r.diverged_round) for seed, r in zip(self.seeds, self.records)]
+        rounds = [(seed, r.diverged_at()) for seed, r in zip(self.seeds, self.records)]
         return "; ".join(f"seed {seed} at round {at}" for seed, at in rounds if at is not None)
 
 
