@@ -494,7 +494,7 @@ def run_with_progress(
 ) -> dict[str, Any]:
     """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
     exp = experiment or prepare(config)
-    bar = ProgressBar(run_dir.name)
+    bar = ProgressBar(run_dir.name, run_dir)
     try:
         summary = run_experiment(config, run_dir, address, callbacks=[bar], experiment=exp)
     finally:
@@ -505,13 +505,18 @@ def run_with_progress(
 
 class ProgressBar(Callback):
     """A bar on stderr: rounds, accuracy, bytes moved. It appears once the actors are up, so that a
-    run refused for its resources prints only the error."""
+    run refused for its resources prints only the error. Given the run directory, a resumed run's
+    bar counts the bytes its finished rounds moved and does not say again that its model diverged
+    before the resume."""
 
-    def __init__(self, name: str):
-        self.name, self.bar, self.moved, self.diverged = name, None, 0.0, False
+    def __init__(self, name: str, run_dir: str | Path | None = None):
+        self.name, self.run_dir, self.bar, self.moved, self.diverged = name, run_dir, None, 0.0, False
 
     def on_run_start(self, start: RunStart) -> None:
         from tqdm import tqdm
+
+        if start.completed_rounds and self.run_dir is not None:
+            self._carry_on(start.completed_rounds)
 
         self.bar = tqdm(
             total=start.rounds,
@@ -544,6 +549,16 @@ class ProgressBar(Callback):
             )
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.update(1)
+
+    def _carry_on(self, completed: int) -> None:
+        """The bytes moved and the divergence of a resumed run's finished rounds, from its metrics
+        (rows past the checkpoint's round were written by a round that runs again: not counted)."""
+        from raysim.results import at_round, first_nonfinite_round, read_curves
+
+        curves = read_curves(self.run_dir)
+        self.moved = (at_round(curves["mb_moved"], completed) or 0.0) * 1e6
+        rounds, losses = curves["loss"]
+        self.diverged = first_nonfinite_round((rounds[rounds <= completed], losses[rounds <= completed])) is not None
 
     def close(self) -> None:
         if self.bar is not None:

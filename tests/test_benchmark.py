@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -197,8 +198,9 @@ def test_what_a_method_spent_to_reach_a_target_and_in_all_leads_its_leaderboard_
 
 def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, capsys):
     """A seed whose test loss turned NaN sits at a constant guess from then on, which a mean over seeds
-    hides: the progress bar says so when it happens, and the table and `raysim report` name the run
-    and the round. A collapse with a finite loss is not called divergence."""
+    hides: the progress bar says so when it happens (once: a resumed run's bar knows), and the table
+    and `raysim report` name the run and the round. A collapse with a finite loss is not called
+    divergence."""
     from raysim.outputs.callbacks import RoundResult, RunStart
     from raysim.report import report
     from raysim.reproduce.table_output import method_rows
@@ -236,6 +238,13 @@ def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, caps
     bar.close()
     said = [line for line in capsys.readouterr().err.splitlines() if "diverged" in line]
     assert len(said) == 1 and said[0].startswith("round 3: the global model's test loss is nan")
+
+    resumed = ProgressBar("x", runs[1].run_dir.path)  # resumed after round 3: said already, 6 MB moved
+    resumed.on_run_start(RunStart(completed_rounds=3, rounds=4))
+    resumed.on_round_end(RoundResult(4, {"loss": nan, "bytes_up": 2e6, "bytes_down": 0.0}, []))
+    assert "moved=8.0MB" in resumed.bar.postfix
+    resumed.close()
+    assert "diverged" not in capsys.readouterr().err
 
 
 def test_the_front_keeps_the_methods_no_other_beats_on_bytes_and_accuracy():
@@ -299,13 +308,14 @@ def test_no_label_of_the_pareto_panel_covers_another():
     """Eight methods at FedAvg's bytes within 10 points of each other, and one at twice the bytes
     whose label would fall among theirs (SCAFFOLD beside FedAvg's column): no two labels' boxes
     meet, labels in one column are at least the gap apart (a twentieth of the axis), and each
-    still names its own point."""
+    still names its own point; and they still do not meet after the figure's layout resizes the
+    panel."""
     from collections import defaultdict
 
     from matplotlib.figure import Figure
     from matplotlib.text import Text
 
-    from raysim.reproduce.curves import _labels_apart
+    from raysim.reproduce.curves import _labels_apart, _labels_meet, _lay_out
 
     ax = Figure(figsize=(5, 3.6)).add_subplot()
     ax.set_xscale("log")
@@ -323,3 +333,14 @@ def test_no_label_of_the_pareto_panel_covers_another():
     apart = [b - a for ys in columns.values() for a, b in zip(sorted(ys), sorted(ys)[1:])]
     assert max(map(len, columns.values())) >= 8 and min(apart) >= (high - low) * 0.05 - 1e-9
     assert {text.get_text(): text.xy for text in ax.texts}["method number 3"] == points[3]
+
+    # the figure's layout narrows a panel with a tall y label and long labels: placed again after it
+    fig = Figure(figsize=(5, 3.6))
+    ax = fig.add_subplot(ylabel="y\n" * 6, xscale="log")
+    points, labels = [(10.0, 50.0), (22.0, 51.0), (48.4, 50.0)], ["x" * 30] * 3  # wide labels
+    ax.plot(*zip(*points), "o")
+    _labels_apart(ax, points, labels)
+    with warnings.catch_warnings():  # "tight layout not applied": the figure is narrow for its words
+        warnings.simplefilter("ignore")
+        _lay_out(fig, {ax: (points, labels)})
+    assert len(ax.texts) == 3 and not _labels_meet(ax)

@@ -25,6 +25,7 @@ from matplotlib.ticker import MaxNLocator
 from raysim.results import mb_moved, stat
 
 FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png", "compute": "curves_compute.png", "pareto": "pareto.png"}
+PARETO_LABEL = "pareto-label"  # the gid of the Pareto panel's method labels
 X_LABELS = {
     "rounds": "round",
     "mb": "MB moved (up + down, cumulative)",
@@ -55,12 +56,13 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
     rows = math.ceil(len(cells) / columns)
     fig = Figure(figsize=(5 * columns, 3.6 * rows), dpi=100)
     FigureCanvasAgg(fig)
+    pareto_labels: dict[Any, tuple[list, list]] = {}  # axes: its points and their labels
     for i, cell in enumerate(cells):
         ax = fig.add_subplot(rows, columns, i + 1)
         ax.set_ylabel("test accuracy (%)")
         present = [m for m in methods if measured.get((cell, m)) is not None and measured[(cell, m)].records]
         if axis == "pareto":
-            _pareto_panel(ax, table, measured, cell, present)
+            pareto_labels[ax] = _pareto_panel(ax, table, measured, cell, present)
         else:
             _curves_panel(ax, table, measured, cell, present, axis)
         ax.set_title(table.cells[cell].label, fontsize=10)
@@ -68,11 +70,24 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
         if ax.get_lines():
             ax.legend(fontsize=7 if len(present) > 8 else 8, ncols=2 if len(present) > 8 else 1)
     fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
-    fig.tight_layout()
+    _lay_out(fig, pareto_labels)
     from raysim.outputs.files import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".")))  # never through a link
     return path
+
+
+def _lay_out(fig, pareto_labels: dict[Any, tuple[list, list]]) -> None:
+    """tight_layout, then the Pareto panels' labels placed again where they meet: the layout moves
+    and resizes the axes, and the labels' pixels with them (their places are in data units)."""
+    fig.tight_layout()
+    for _ in range(3):
+        meeting = [ax for ax in pareto_labels if _labels_meet(ax)]
+        if not meeting:
+            return
+        for ax in meeting:
+            _labels_apart(ax, *pareto_labels[ax])
+        fig.tight_layout()
 
 
 def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str) -> None:
@@ -119,7 +134,8 @@ def _moved_at_once(series: tuple[np.ndarray, np.ndarray]) -> bool:
     return len(values) > 1 and values[-1] > 0 and values[0] == values[-1]
 
 
-def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
+def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> tuple[list, list]:
+    """The panel; returns its points and labels, for placing the labels again after the layout."""
     points, labels, styles = [], [], method_styles(table)
     for method in methods:
         m = measured[(cell, method)]
@@ -138,6 +154,7 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> None:
         ax.step(xs, ys, where="post", color="black", alpha=0.6, label="front: no method moves less for more")
     ax.set_xlabel(X_LABELS["pareto"])
     ax.set_ylabel(f"{table.metric.replace('_accuracy', '').replace('last5', 'last-5')} test accuracy (%)")
+    return points, labels
 
 
 def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> None:
@@ -146,7 +163,10 @@ def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> N
     group, spread apart vertically so that none covers another, each joined to its point by a thin
     line where it had to move. Groups whose labels still meet or nearly (a long label reaching the
     next group's) become one, their labels in one column right of both, so that no line to a point
-    crosses another label. Call with the axis scales set: the check is in the figure's pixels."""
+    crosses another label. Call with the axis scales set: the check is in the figure's pixels.
+    Labels it placed before are taken away first."""
+    for text in _labels_of(ax):
+        text.remove()
     low, high = ax.get_ylim()
     gap = (high - low) * 0.05
     groups: list[list[int]] = []
@@ -179,6 +199,15 @@ def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> N
         groups[a] = sorted(groups[a] + groups.pop(b), key=lambda i: points[i][1])
 
 
+def _labels_of(ax) -> list:
+    return [text for text in ax.texts if text.get_gid() == PARETO_LABEL]
+
+
+def _labels_meet(ax) -> bool:
+    boxes = [_words_box(text) for text in _labels_of(ax)]
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[:i])
+
+
 def _column(group: list[int], points) -> float:
     """Where a group's labels start: a little right of its rightmost point."""
     return max(points[i][0] for i in group) * 1.12
@@ -203,6 +232,7 @@ def _label(ax, point: tuple[float, float], label: str, column: float, y: float, 
         textcoords="data",
         fontsize=7,
         va="center",
+        gid=PARETO_LABEL,
         arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if moved else None,
     )
 

@@ -288,7 +288,7 @@ def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar
     def one(run: PlannedRun) -> None:
         t0 = time.perf_counter()
         callbacks: list[Any] = []
-        progress_bar = ProgressBar(run.name) if bar else None
+        progress_bar = ProgressBar(run.name, run.run_dir.path) if bar else None
         if progress_bar is not None:
             callbacks.append(progress_bar)
         try:
