@@ -89,6 +89,29 @@ def test_scaffold_control_variates_persist_across_rounds(run_tiny):
     assert any(np.abs(v).sum() > 0 for v in final["control"].values())
 
 
+@pytest.mark.parametrize("weighting", ["samples", "uniform", "mixed"])
+def test_scaffold_moves_its_control_by_the_weights_that_average_the_models(weighting):
+    """Two clients of 1 and 3 samples, every client in the round (|S|/N = 1), each sending as its
+    control change what it sends as its model: with the same weights for both means (samples,
+    uniform) the new control equals the new model, so sum_i p_i (c - c_i) = 0 and the corrections
+    cancel in the average; `mixed` (models by size, controls plain) leaves them apart."""
+    from raysim.algorithm import Reply
+    from raysim.config.load import load_config
+    from raysim.registry import algorithm_class
+
+    overrides = ["algorithm.name=scaffold", f"algorithm.weighting={weighting}", "clients.num=2", "clients.per_round=2"]
+    config = load_config(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml", overrides)
+    scaffold = algorithm_class("scaffold")(config.algorithm, config)
+    zero = {"w": np.zeros(1, np.float32)}
+    sent = [np.array([1.0], np.float32), np.array([5.0], np.float32)]
+    replies = [
+        Reply(i, n, {"weights": {"w": w}, "control_delta": {"w": w}}) for i, (n, w) in enumerate(zip([1, 3], sent))
+    ]
+    new = scaffold.server_update({"weights": zero, "control": zero}, replies, 1, None)
+    model, control = float(new["weights"]["w"][0]), float(new["control"]["w"][0])
+    assert (model, control) == {"samples": (4.0, 4.0), "uniform": (3.0, 3.0), "mixed": (4.0, 3.0)}[weighting]
+
+
 def test_feddyn_gradient_state_persists(run_tiny):
     _, run_dir = run_tiny(**{"algorithm.name": "feddyn", "rounds": 2})
     g2 = client_state(run_dir, 0, 2)["grad"]
