@@ -509,7 +509,7 @@ class ProgressBar(Callback):
     bar counts the bytes its finished rounds moved and does not say again that its model diverged
     before the resume."""
 
-    def __init__(self, name: str, run_dir: str | Path | None = None):
+    def __init__(self, name: str, run_dir: str | Path | RunDir | None = None):
         self.name, self.run_dir, self.bar, self.moved, self.diverged = name, run_dir, None, 0.0, False
 
     def on_run_start(self, start: RunStart) -> None:

@@ -245,6 +245,11 @@ def test_a_model_that_diverged_is_named_where_its_run_is_reported(tmp_path, caps
     assert "moved=8.0MB" in resumed.bar.postfix
     resumed.close()
     assert "diverged" not in capsys.readouterr().err
+    earlier = ProgressBar("x", runs[1].run_dir.path)  # resumed after round 2: round 3 runs again, and says it
+    earlier.on_run_start(RunStart(completed_rounds=2, rounds=4))
+    earlier.on_round_end(RoundResult(3, {"loss": nan, "bytes_up": 2e6, "bytes_down": 0.0}, []))
+    earlier.close()
+    assert "round 3: the global model's test loss is nan" in capsys.readouterr().err
 
 
 def test_the_front_keeps_the_methods_no_other_beats_on_bytes_and_accuracy():
@@ -307,9 +312,9 @@ def test_no_two_of_the_benchmarks_methods_look_alike_in_its_pictures():
 def test_no_label_of_the_pareto_panel_covers_another():
     """Eight methods at FedAvg's bytes within 10 points of each other, and one at twice the bytes
     whose label would fall among theirs (SCAFFOLD beside FedAvg's column): no two labels' boxes
-    meet, labels in one column are at least the gap apart (a twentieth of the axis), and each
-    still names its own point; and they still do not meet after the figure's layout resizes the
-    panel."""
+    meet, labels in one column are at least the gap apart (a twentieth of the axis, more on a short
+    panel), and each still names its own point; and they still do not meet after the figure's layout
+    resizes the panel."""
     from collections import defaultdict
 
     from matplotlib.figure import Figure
@@ -333,6 +338,10 @@ def test_no_label_of_the_pareto_panel_covers_another():
     apart = [b - a for ys in columns.values() for a, b in zip(sorted(ys), sorted(ys)[1:])]
     assert max(map(len, columns.values())) >= 8 and min(apart) >= (high - low) * 0.05 - 1e-9
     assert {text.get_text(): text.xy for text in ax.texts}["method number 3"] == points[3]
+    short = Figure(figsize=(5, 1.6)).add_subplot(xscale="log")  # a twentieth of it is less than a label
+    short.plot(*zip(*points), "o")
+    _labels_apart(short, points, [f"method number {i}" for i in range(10)])
+    assert not _labels_meet(short)
 
     # the figure's layout narrows a panel with a tall y label and long labels: placed again after it
     fig = Figure(figsize=(5, 3.6))
@@ -342,5 +351,7 @@ def test_no_label_of_the_pareto_panel_covers_another():
     _labels_apart(ax, points, labels)
     with warnings.catch_warnings():  # "tight layout not applied": the figure is narrow for its words
         warnings.simplefilter("ignore")
+        fig.tight_layout()
+        assert _labels_meet(ax)  # the layout alone makes them meet
         _lay_out(fig, {ax: (points, labels)})
     assert len(ax.texts) == 3 and not _labels_meet(ax)

@@ -26,6 +26,11 @@ RECORDED = {
         [0.384, 0.57, 0.6785],
         [1.7784205932617188, 1.1071754760742187, 0.8681982116699218],
     ),
+    "scaffold_samples": (  # today's default reading, recorded when it was added (1cea3b2, same machine)
+        {"algorithm.name": "scaffold", "rounds": 3},
+        [0.384, 0.5645, 0.6795],
+        [1.7785211791992188, 1.1099553833007811, 0.8687580261230469],
+    ),
     "fedaf": ({"algorithm.name": "fedaf", **TINY_CONDENSATION}, [0.1, 0.135], [2.2941201171875, 2.28204345703125]),
     "dynafed": (DYNAFED, [0.384, 0.5325, 0.612], [1.7784205932617188, 1.2092671508789063, 1.0217380981445312]),
 }

@@ -18,6 +18,10 @@ plain mean of the c_i leaves every round a drift of the averaged model along
 c_plain - c_sized, which the clients' local steps carry without a restoring
 force; with clients of very unequal sizes (Dirichlet 0.1) the model diverges.
 The paper (Algorithm 1) averages both uniformly: its clients hold equal data.
+With `samples` and a sample of the clients a round, the participants' sizes
+stand in for all clients' (as FedAvg's n_k / sum over S of n_j does): c is the
+size-weighted mean of the c_i exactly when every client takes part, and close
+to it otherwise; the server needs no client's size but its participants'.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from raysim.results import mb_moved, stat
 
 FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png", "compute": "curves_compute.png", "pareto": "pareto.png"}
 PARETO_LABEL = "pareto-label"  # the gid of the Pareto panel's method labels
+LABEL_POINTS = 7  # their font size
 X_LABELS = {
     "rounds": "round",
     "mb": "MB moved (up + down, cumulative)",
@@ -168,7 +169,9 @@ def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> N
     for text in _labels_of(ax):
         text.remove()
     low, high = ax.get_ylim()
-    gap = (high - low) * 0.05
+    # a twentieth of the axis, or a label's height (with air) where the panel is short for that
+    letters = LABEL_POINTS * ax.figure.dpi / 72 * 1.4 * (high - low) / max(ax.bbox.height, 1.0)
+    gap = max((high - low) * 0.05, letters)
     groups: list[list[int]] = []
     for i in sorted(range(len(points)), key=lambda i: points[i]):
         if groups and points[i][0] <= points[groups[-1][0]][0] * 1.5:
@@ -230,7 +233,7 @@ def _label(ax, point: tuple[float, float], label: str, column: float, y: float, 
         point,
         xytext=(column, y),
         textcoords="data",
-        fontsize=7,
+        fontsize=LABEL_POINTS,
         va="center",
         gid=PARETO_LABEL,
         arrowprops={"arrowstyle": "-", "lw": 0.4, "color": "grey"} if moved else None,
