@@ -169,6 +169,35 @@ def partition(
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
 
 
+def hold_out(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's indices split into (training, held out): round(fraction * n) of its n examples,
+    at most n - 1 (a client keeps at least one to train on), drawn by a generator seeded by (seed,
+    client) alone, so the split depends on neither the number of actors nor the other clients. Both
+    parts stay sorted (eval.selection=federated: the held-out share is the client's validation set)."""
+    from raysim.seeding import VALIDATION, numpy_rng
+
+    train, held = [], []
+    for client, idx in enumerate(parts):
+        idx = np.asarray(idx, dtype=np.int64)
+        count = min(max(len(idx) - 1, 0), int(np.floor(fraction * len(idx) + 0.5)))
+        chosen = np.zeros(len(idx), dtype=bool)
+        chosen[numpy_rng(seed, VALIDATION, "client_holdout", client).permutation(len(idx))[:count]] = True
+        train.append(idx[~chosen])
+        held.append(idx[chosen])
+    return train, held
+
+
+def validating_clients(num_clients: int, count: int, seed: int) -> list[int]:
+    """The clients that validate (eval.select_clients): all of them for 0, else a sample of `count`
+    seeded by the run's seed alone, the same at every candidate round."""
+    if count <= 0 or count >= num_clients:
+        return list(range(num_clients))
+    from raysim.seeding import VALIDATION, numpy_rng
+
+    chosen = numpy_rng(seed, VALIDATION, "select_clients").choice(num_clients, size=count, replace=False)
+    return sorted(int(k) for k in chosen)
+
+
 def class_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:
     """Return the (clients, classes) int64 matrix of how many samples of each class each client holds."""
     labels = np.asarray(labels)

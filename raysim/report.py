@@ -98,14 +98,29 @@ def report(run_dirs: list[str]) -> str:
     repeats: list[str] = []
     groups = group_runs(runs, repeats)
     differing = differing_keys([c for _, _, c in runs])
-    header = ["experiment", "seeds", "final acc", "best acc", "last-5 acc", "rounds", "MB up", "MB down", "time s"]
+    # "selected acc": the test accuracy of the model eval.selection chose without the test set (the
+    # last, or federated validation's pick); "best acc (test-selected)": the best test accuracy over
+    # the rounds, a figure chosen by looking at the test set.
+    header = [
+        "experiment",
+        "seeds",
+        "final acc",
+        "selected acc",
+        "best acc (test-selected)",
+        "last-5 acc",
+        "rounds",
+        "MB up",
+        "MB down",
+        "time s",
+    ]
+    at = header.index("rounds")  # where the columns of some runs only go
     # Domain-skew runs (DomainNet): the papers' figure, the mean of the per-domain test accuracies.
     domains = any(s.get("final_domain_accuracy_mean") is not None for _, s, _ in runs)
     if domains:
-        header.insert(5, "domain mean acc")
+        header.insert(at, "domain mean acc")
     # One-shot runs: the client models' own accuracy and their ensembles' (FedHydra's Tables 3 and Fig. 7).
     one_shot = [key for key in ONE_SHOT_COLUMNS if any(s.get(key) is not None for _, s, _ in runs)]
-    header[5:5] = [ONE_SHOT_COLUMNS[key] for key in one_shot]
+    header[at:at] = [ONE_SHOT_COLUMNS[key] for key in one_shot]
     targets = sorted({t for _, s, _ in runs for t in s.get("rounds_to_accuracy") or {}}, key=float)
     header += [f"rounds@{t}" for t in targets]
     rows = []
@@ -116,6 +131,7 @@ def report(run_dirs: list[str]) -> str:
                 label(members[0][2], differing),
                 str(len(members)),
                 mean_std([s["final_accuracy"] for s in summaries]),
+                mean_std([selected_accuracy(s) for s in summaries]),
                 mean_std([s["best_accuracy"] for s in summaries]),
                 mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from runs made before it existed
                 "/".join(sorted({str(s["rounds"]) for s in summaries})),
@@ -125,10 +141,10 @@ def report(run_dirs: list[str]) -> str:
                 *[rounds_to(summaries, t) for t in targets],
             ]
         )
-        # The header's order: the one-shot columns were inserted at 5 after the domain column.
+        # The header's order: the one-shot columns were inserted at `at` after the domain column.
         if domains:
-            rows[-1].insert(5, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
-        rows[-1][5:5] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
+            rows[-1].insert(at, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
+        rows[-1][at:at] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
     notes = repeats + [
         line
@@ -140,6 +156,11 @@ def report(run_dirs: list[str]) -> str:
         text += "\n" + "\n".join(f"note: {line}" for line in notes)
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text
+
+
+def selected_accuracy(summary: dict[str, Any]) -> float | None:
+    """summary.json's selected_accuracy; a run made before it existed selected its final model."""
+    return summary["selected_accuracy"] if "selection" in summary else summary.get("final_accuracy")
 
 
 def diverged_note(record: RunRecord) -> str | None:

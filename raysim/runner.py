@@ -24,7 +24,7 @@ from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.files import write_text
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
-from raysim.partition import class_counts, partition
+from raysim.partition import class_counts, hold_out, partition, validating_clients
 from raysim.registry import algorithm_class
 from raysim.seeding import PARTITION, VALIDATION, numpy_rng
 
@@ -45,6 +45,8 @@ class Experiment:
     std: np.ndarray
     data: DataIdentity  # what was read (before any validation split): recorded in the run directory
     data_digest: str | None = None  # for algorithms with needs_data_digest (ctx.data_digest)
+    # eval.selection=federated: each client's held-out share (`parts` is then what it trains on)
+    holdout: list[np.ndarray] | None = None
 
 
 def prepare(config: Config) -> Experiment:
@@ -78,12 +80,21 @@ def prepare(config: Config) -> Experiment:
             f"{len(empty)} clients got no data with partition.kind={p.kind} "
             f"(first: client {empty[0]}): use fewer clients or another partition"
         )
+    holdout = None
+    if config.eval.selection == "federated":  # the clients train on the rest (digest and counts included)
+        parts, holdout = hold_out(parts, config.eval.client_holdout, seed)
+        validators = validating_clients(config.clients.num, config.eval.select_clients, config.seed)
+        if not any(len(holdout[k]) for k in validators):
+            raise RaysimError(
+                f"eval.client_holdout={config.eval.client_holdout} holds out no example of the validating "
+                "clients (they hold too few): raise eval.client_holdout or eval.select_clients"
+            )
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
     mean, std = normalisation(config, dataset)
     digest = data_digest(dataset, parts) if algorithm_class(config.algorithm.name).needs_data_digest else None
     counts = class_counts(dataset.train_y, parts, dataset.num_classes)
-    return Experiment(config, dataset, parts, counts, spec, mean, std, identity, digest)
+    return Experiment(config, dataset, parts, counts, spec, mean, std, identity, digest, holdout)
 
 
 def read_data(config: Config) -> tuple[ArrayDataset, DataIdentity]:
@@ -388,7 +399,12 @@ def _start_actors(config: Config, exp: Experiment, run_dir: RunDir):
     owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
     train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
     shards = [
-        [train_x, train_y, ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a})]
+        [
+            train_x,
+            train_y,
+            ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}),
+            ray.put(None if exp.holdout is None else {k: exp.holdout[k] for k in sorted(owner) if owner[k] == a}),
+        ]
         for a in range(num_actors)
     ]
     # The server and the depot live on the driver's node, so the run directory is written where the
@@ -431,6 +447,7 @@ def _in_process(config: Config, exp: Experiment, run_dir: RunDir):
         exp.std,
         str(run_dir.client_state_dir),
         res.gpus_per_actor,
+        validation_indices=None if exp.holdout is None else dict(enumerate(exp.holdout)),
     )
     actors = [InProcess(clients)]
     server = InProcess(ServerRuntime(config, server_inputs(exp), run_dir, actors, {k: 0 for k in clients.data}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -87,29 +88,115 @@ def test_scaffold_control_variates_persist_across_rounds(run_tiny):
     assert not all(np.array_equal(c2[k], c3[k]) for k in c2)
     final = RunDir(run_dir).read_checkpoint()["state"]
     assert any(np.abs(v).sum() > 0 for v in final["control"].values())
+    # the default (population) keeps c the size-weighted mean of the c_i, and says so every round
+    drift = server_values(run_dir, "control_drift")
+    assert len(drift) == 3 and max(drift) < 1e-6
+    assert json.loads((run_dir / "summary.json").read_text())["control_drift"] == drift[-1]
 
 
-@pytest.mark.parametrize("weighting", ["samples", "uniform", "mixed"])
-def test_scaffold_moves_its_control_by_the_weights_that_average_the_models(weighting):
-    """Two clients of 1 and 3 samples, every client in the round (|S|/N = 1), each sending as its
-    control change what it sends as its model: with the same weights for both means (samples,
-    uniform) the new control equals the new model, so sum_i p_i (c - c_i) = 0 and the corrections
-    cancel in the average; `mixed` (models by size, controls plain) leaves them apart."""
-    from raysim.algorithm import Reply
+def scaffold_with(weighting, sizes, per_round):
+    """SCAFFOLD on len(sizes) clients of those sizes, and a server context that knows them (as the
+    engine's ctx.label_counts: one class here) and records what the server logs."""
+    from types import SimpleNamespace
+
+    from raysim.algorithm import ServerLog
     from raysim.config.load import load_config
     from raysim.registry import algorithm_class
 
-    overrides = ["algorithm.name=scaffold", f"algorithm.weighting={weighting}", "clients.num=2", "clients.per_round=2"]
+    overrides = [
+        "algorithm.name=scaffold",
+        f"algorithm.weighting={weighting}",
+        f"clients.num={len(sizes)}",
+        f"clients.per_round={per_round}",
+    ]
     config = load_config(Path(__file__).resolve().parents[1] / "configs/quickstart.yaml", overrides)
-    scaffold = algorithm_class("scaffold")(config.algorithm, config)
+    ctx = SimpleNamespace(label_counts=np.array(sizes, np.int64)[:, None], log=ServerLog())
+    return algorithm_class("scaffold")(config.algorithm, config), ctx
+
+
+@pytest.mark.parametrize("weighting", ["population", "samples", "uniform", "mixed"])
+def test_scaffold_moves_its_control_by_the_weights_that_average_the_models(weighting):
+    """Two clients of 1 and 3 samples, every client in the round (|S|/N = n_S/n = 1), each sending as
+    its control change what it sends as its model: with the same weights for both means (population,
+    samples, uniform) the new control equals the new model, so sum_i p_i (c - c_i) = 0 and the
+    corrections cancel in the average; `mixed` (models by size, controls plain) leaves them apart."""
+    from raysim.algorithm import Reply
+
+    scaffold, ctx = scaffold_with(weighting, [1, 3], per_round=2)
     zero = {"w": np.zeros(1, np.float32)}
     sent = [np.array([1.0], np.float32), np.array([5.0], np.float32)]
     replies = [
         Reply(i, n, {"weights": {"w": w}, "control_delta": {"w": w}}) for i, (n, w) in enumerate(zip([1, 3], sent))
     ]
-    new = scaffold.server_update({"weights": zero, "control": zero}, replies, 1, None)
+    new = scaffold.server_update({"weights": zero, "control": zero}, replies, 1, ctx)
     model, control = float(new["weights"]["w"][0]), float(new["control"]["w"][0])
-    assert (model, control) == {"samples": (4.0, 4.0), "uniform": (3.0, 3.0), "mixed": (4.0, 3.0)}[weighting]
+    expected = {"population": (4.0, 4.0), "samples": (4.0, 4.0), "uniform": (3.0, 3.0), "mixed": (4.0, 3.0)}
+    assert (model, control) == expected[weighting]
+
+
+@pytest.mark.parametrize("weighting", ["population", "uniform", "samples", "mixed"])
+def test_scaffold_population_keeps_c_the_size_weighted_mean_of_all_clients_controls(weighting):
+    """Eight rounds of 2 of 6 clients of very unequal sizes, each participant moving its c_i as
+    option II does (c_i+ = c_i - c + its own drift): `population` keeps c = sum_i (n_i / n) c_i over
+    all six clients (the truth held here, not the server's copy), and `uniform` c = the plain mean
+    (its models' weights), both with control_drift ~0; `samples` (|S|/N for n_S/n) and `mixed`
+    leave c off the size-weighted mean, and control_drift says so."""
+    import torch
+
+    from raysim.algorithm import Reply
+
+    sizes = np.array([5, 400, 12, 60, 1, 150])
+    scaffold, ctx = scaffold_with(weighting, sizes.tolist(), per_round=2)
+    state = scaffold.server_init(torch.nn.Linear(3, 2), ctx)
+    rng = np.random.default_rng(0)
+    own_drift = [{n: rng.normal(size=v.shape).astype(np.float32) for n, v in state["control"].items()} for _ in sizes]
+    c_i = [{n: np.zeros_like(v) for n, v in state["control"].items()} for _ in sizes]
+    drifts = []
+    for round_index in range(1, 9):
+        replies = []
+        for k in sorted(rng.choice(len(sizes), 2, replace=False).tolist()):
+            new = {n: (c_i[k][n] - state["control"][n] + own_drift[k][n]).astype(np.float32) for n in c_i[k]}
+            delta = {n: new[n] - c_i[k][n] for n in new}
+            c_i[k] = new
+            replies.append(Reply(k, int(sizes[k]), {"weights": state["weights"], "control_delta": delta}))
+        state = scaffold.server_update(state, replies, round_index, ctx)
+        drifts.append(ctx.log.scalars["control_drift"])
+    assert ctx.log.summary["control_drift"] == drifts[-1]
+    p = (sizes / sizes.sum()) if weighting != "uniform" else np.full(len(sizes), 1 / len(sizes))
+    truth = {n: sum(p[k] * c_i[k][n].astype(np.float64) for k in range(len(sizes))) for n in state["control"]}
+    gap = np.sqrt(sum(np.sum((state["control"][n] - truth[n]) ** 2) for n in truth))
+    relative = gap / np.sqrt(sum(np.sum(truth[n] ** 2) for n in truth))
+    assert drifts[-1] == pytest.approx(relative, rel=1e-3, abs=1e-6)  # the server's reading is the truth's
+    if weighting in ("population", "uniform"):
+        assert max(drifts) < 1e-6 and relative < 1e-6
+    else:
+        assert min(drifts) > 1e-2 and relative > 1e-2
+
+
+def test_scaffold_stored_configs_without_population_read_as_they_ran(tmp_path):
+    """`population` is the default of a config written today; a stored config naming `samples` (every
+    record since the key existed) stays `samples`, and one without the key (made before it) is
+    `mixed`, for --resume and raysim reproduce (as_made)."""
+    import yaml
+
+    from raysim.config.load import as_made, config_from_dict, load_config
+    from raysim.runner import resume_config
+
+    record = Path(__file__).resolve().parents[1] / "experiments/benchmark/benchmark/fmnist_dir0.1/scaffold/s0"
+    made = yaml.safe_load((record / "config.yaml").read_text())  # a benchmark record (20 clients, 5 a round)
+    assert config_from_dict(as_made(made)).algorithm.weighting == "samples"
+    stored = load_config(None, ["algorithm.name=scaffold"]).to_dict()
+    assert stored["algorithm"]["weighting"] == "population"
+    named = {**stored, "algorithm": {**stored["algorithm"], "weighting": "samples"}}
+    assert config_from_dict(as_made(named)).algorithm.weighting == "samples"
+    before = {**stored, "algorithm": {k: v for k, v in stored["algorithm"].items() if k != "weighting"}}
+    assert config_from_dict(before).algorithm.weighting == "population"  # a user's config: the default
+    assert config_from_dict(as_made(before)).algorithm.weighting == "mixed"
+    for name, tree, ran in (("named", named, "samples"), ("before", before, "mixed")):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(tree))
+        assert resume_config(run_dir).algorithm.weighting == ran
 
 
 def test_feddyn_gradient_state_persists(run_tiny):

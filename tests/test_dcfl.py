@@ -123,6 +123,10 @@ def test_dcfl_configuration_errors_are_one_clear_line():
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.mu=0.01"])
     with pytest.raises(RaysimError, match="algorithm.base must be one of fedavg, fedprox, fednova, feddisco"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.base=scaffold"])
+    with pytest.raises(RaysimError, match="use_condensed: none sends none"):
+        load_config(
+            ROOT / "configs" / "quickstart.yaml", base + ["algorithm.use_condensed=none", "algorithm.filter_ratio=0.2"]
+        )
     with pytest.raises(RaysimError, match="leaves no training round"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.pretrain_rounds=4"])
     config = load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.base=fedprox", "algorithm.mu=0.01"])
@@ -143,7 +147,7 @@ def test_dcfl_learns_selects_unseen_clients_first_and_counts_bytes_exactly(dcfl_
     value = {(r["round"], r["client"], r["metric"]): r["value"] for r in records if r["client"] is not None}
     model = build_model("mlp", in_channels=1, num_classes=10, image_size=28)
     shared = serialized_nbytes({"weights": module_weights(model)})
-    image, label = 28 * 28 * 4, 8  # float32 pixels, int64 labels
+    image, label = 28 * 28 * 4, 8  # float32 pixels; the classes of a set, int64
     first_seen = set()
     returning = 0
     framing = 400  # pickle's bytes around the arrays: keys, dtypes, shapes (counted without its memo)
@@ -158,10 +162,13 @@ def test_dcfl_learns_selects_unseen_clients_first_and_counts_bytes_exactly(dcfl_
                 assert received == 0 and 0 < down - shared * (1 + late) < 150
                 assert 0 < up - shared - 4 * image - 2 * label - late * classifier < framing + 100 * late
                 first_seen.add(k)
-            else:  # returning: the model and its group's condensed images down, the model up
+            else:  # returning: the model, the group's ids and the group's sets it lacks down, the model up
                 returning += 1
-                assert received > 0
-                assert 0 < down - shared - received * (image + label) < framing
+                new = value[(round_index, k, "received_new_images")]
+                assert received > 0 and new <= received
+                group, sets = received // 4, new // 4  # each set: 2 classes x ipc 2 (no filter)
+                # the group's ids (int64), the new sets' images and classes
+                assert 0 < down - shared - 8 * group - sets * (4 * image + 2 * label) < framing + 150 * sets
                 assert 0 < up - shared < framing
     assert returning > 0
 
@@ -367,7 +374,8 @@ def _finetune_client(epochs: int, lr: float) -> tuple[float, float, float]:
 
     weights = module_weights(start)
     plain = step({"weights": weights})
-    tuned = step({"weights": weights, "extra_images": x[received].numpy(), "extra_labels": y[received].numpy()})
+    received_set = {"images": x[received].numpy(), "classes": np.arange(2, 10)}  # 10 images a class, class by class
+    tuned = step({"weights": weights, "group": np.array([5]), "new_sets": {5: received_set}})
     flat = lambda m: torch.cat([p.detach().flatten() for p in m.parameters()])  # noqa: E731
     change = float((flat(tuned) - flat(plain)).norm() / (flat(plain) - flat(start)).norm())
 
@@ -500,3 +508,125 @@ def test_a_cka_sampled_run_logs_the_coverage_per_round_and_in_summary_json(dcfl_
         reached = [values[(r, "sets_sent_clients")] for r in range(1, summary["rounds"] + 1)]
         assert reached[0] == 0 and reached == sorted(reached)  # round 1 pre-trains: nothing sent yet
         assert values[(summary["rounds"], "sets_sent_fraction")] == pytest.approx(summary["sets_sent_fraction"])
+
+
+# ------------------------------------------------------------------ issue 76: each set travels to a client once
+
+
+def _old_delivery(state, group: list[int], filter_ratio: float) -> tuple[np.ndarray, np.ndarray]:
+    """What a returning client received before issue 76: its group's sets concatenated in group order,
+    less the fraction filter_ratio of them with the highest loss (all the group's images together)."""
+    from raysim.algorithms.condensed.dcfl import pool_arrays
+
+    x, y = pool_arrays(state["pool"], group)
+    if filter_ratio > 0:
+        loss = np.concatenate([state["pool_loss"][k] for k in group])
+        keep = np.sort(np.argsort(loss, kind="stable")[: max(1, round(len(loss) * (1 - filter_ratio)))])
+        x, y = x[keep], y[keep]
+    return x, y
+
+
+@pytest.mark.parametrize("grouping", ["cka", "random", "cka_sampled"])
+@pytest.mark.parametrize("filter_ratio", [0.0, 0.3])
+def test_a_returning_client_trains_on_the_whole_group_delivery_and_is_sent_each_set_once(grouping, filter_ratio):
+    """Over 12 rounds of 4 returning clients of 8 (groups of 3, sets of 1-3 classes, uint8 and float32
+    sets, the losses changing every round): the images and labels a client assembles from the sets it
+    holds plus those sent are exactly those the whole group's delivery gave, and no set is sent twice
+    to a client; the server's record of what each client holds is what the client holds."""
+    from types import SimpleNamespace
+
+    from raysim.algorithm import Reply
+
+    dcfl = _dcfl(
+        **{
+            "clients.num": 8,
+            "clients.per_round": 4,
+            "algorithm.grouping": grouping,
+            "algorithm.group_size": 3,
+            "algorithm.filter_ratio": filter_ratio,
+        }
+    )
+    rng = np.random.default_rng(0)
+    cka = rng.uniform(0.8, 1.0, size=(8, 8))
+    pool = {}
+    for k in range(8):
+        classes = np.sort(rng.choice(10, size=int(rng.integers(1, 4)), replace=False))
+        shape = (2 * len(classes), 1, 4, 4)
+        images = rng.integers(0, 256, shape).astype(np.uint8) if k % 2 else rng.normal(size=shape).astype(np.float32)
+        pool[k] = {"images": images, "classes": classes}
+    state = {"weights": {}, "seen": list(range(8)), "cka": (cka + cka.T) / 2, "pool": pool, "held": {}}
+    clients = {k: SimpleNamespace(id=k, state={}) for k in range(8)}
+    sent = {k: set() for k in range(8)}
+    reused = 0
+    for round_index in range(2, 14):
+        state["pool_loss"] = {k: rng.uniform(size=len(s["images"])) for k, s in pool.items()}
+        participants = sorted(int(k) for k in rng.choice(8, size=4, replace=False))
+        out = dcfl.broadcast(state, round_index, participants)
+        groups = dcfl.round_groups(state, round_index, participants)
+        for k in participants:
+            payload = dict(out.shared)
+            for to, part in out.addressed:
+                if k in to:
+                    payload.update(part)
+            new = set(payload.get("new_sets", {}))
+            assert not new & sent[k], (k, new, sent[k])  # no set twice to the same client
+            sent[k] |= new
+            reused += len(set(groups[k]) - new)
+            x, y = dcfl.group_sets(payload, clients[k])
+            old_x, old_y = _old_delivery(state, groups[k], filter_ratio)
+            assert x.dtype == old_x.dtype and y.dtype == old_y.dtype
+            np.testing.assert_array_equal(x, old_x)
+            np.testing.assert_array_equal(y, old_y)
+        state["held"] = dcfl.hold(state, groups, [Reply(k, 1, {}) for k in participants])
+        for k in participants:
+            assert sorted(clients[k].state["held"]) == state["held"][k] == sorted(sent[k])
+    assert reused > 0  # held sets were used again
+
+
+def _received_new_images(run_dir: Path) -> dict[int, float]:
+    total = {}
+    for r in rows(run_dir):
+        if r["metric"] == "received_new_images":
+            total[r["client"]] = total.get(r["client"], 0) + r["value"]
+    return total
+
+
+@pytest.mark.parametrize("grouping", ["cka", "random"])
+def test_a_run_sends_each_set_to_a_client_once(dcfl_run, tmp_path, grouping):
+    """End to end (the default grouping and the random control): the images sent whole to each client
+    over the run are those of the sets the server's final state says it holds, each once (4 images a
+    set), and returning clients trained on more images than were sent."""
+    from raysim.outputs.run_dir import RunDir
+
+    summary, run_dir = dcfl_run if grouping == "cka" else run(tmp_path, grouping, **{"algorithm.grouping": grouping})
+    state = RunDir(run_dir).read_checkpoint()["state"]
+    sent = _received_new_images(run_dir)
+    assert {k: 4 * len(v) for k, v in state["held"].items()} == {k: v for k, v in sent.items() if v}
+    received = sum(r["value"] for r in rows(run_dir) if r["metric"] == "received_images")
+    assert received > sum(sent.values()) > 0
+    assert summary["sets_sent_clients"] >= 1
+
+
+@pytest.mark.slow  # a whole run
+def test_use_condensed_none_without_pretraining_condenses_and_uploads_no_set(tmp_path):
+    """DCFL's base with DSA on the local batches and random selection (Table IV's "DSA alone" row): no
+    client condenses, every upload is the model and the base's entries, nothing is received."""
+    from raysim.outputs.run_dir import RunDir
+
+    overrides = {
+        "algorithm.pretrain_rounds": 0,
+        "algorithm.use_condensed": "none",
+        "algorithm.selection": "random",
+        "rounds": 3,
+    }
+    summary, run_dir = run(tmp_path, "none", **overrides)
+    state = RunDir(run_dir).read_checkpoint()["state"]
+    assert state["pool"] == {} and state["held"] == {}
+    assert summary["clients_seen"] == len(state["seen"]) > 3
+    values = {(r["round"], r["client"], r["metric"]): r["value"] for r in rows(run_dir) if r["client"] is not None}
+    shared = serialized_nbytes({"weights": module_weights(_mlp())})
+    classifier = 10 * 128 * 4  # first-timers after round 1 also send w^0's classifier (cka_on: initial)
+    ups = [v for (_, _, metric), v in values.items() if metric == "bytes_up"]
+    assert ups and all(0 < up - shared < 400 + classifier for up in ups)
+    assert all(v == 0 for (_, _, metric), v in values.items() if metric == "received_images")
+    assert not any(metric == "condense_loss" for (_, _, metric) in values)

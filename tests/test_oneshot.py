@@ -14,11 +14,13 @@ import torch.nn.functional as F
 
 from raysim.algorithms.oneshot.augment import crop_flip
 from raysim.algorithms.oneshot.ensemble import (
+    max_client_share,
     mean_logits,
     normalise_over_classes,
     normalise_over_clients,
     stratified_logits,
     stratified_predict,
+    tempered_over_clients,
     weighted_logits,
 )
 from raysim.algorithms.oneshot.generator import Generator, reset_generator
@@ -28,7 +30,12 @@ from raysim.algorithms.oneshot.losses import (
     distillation_loss,
     hard_sample_cross_entropy,
 )
-from raysim.algorithms.oneshot.stratify import loss_variation, rank_against_predictions
+from raysim.algorithms.oneshot.stratify import (
+    MIN_LOSS,
+    loss_variation,
+    rank_against_predictions,
+    stratification_scores,
+)
 from raysim.algorithms.oneshot.transfer import transfer_source
 from raysim.config.load import load_config
 from raysim.data.home import data_home
@@ -172,6 +179,63 @@ def test_loss_variation_is_eq_2():
     assert loss_variation([1.0, 1.0]) == 0.0
 
 
+def test_stratification_score_is_never_negative_nor_infinite_for_flat_or_zero_curves():
+    """The case that broke: a curve of zeros gave u = -1 (a negative teacher weight), and eq. 2
+    unguarded (the authors' code) divides by zero."""
+    for curve in ([0.0, 0.0, 0.0], [1e-13, 1e-13], [3.0, 3.0, 3.0], [5.0], []):
+        assert loss_variation(curve) == 0.0, curve  # flat (zeros included) or no curve at all
+    assert loss_variation([2.0, 0.0]) == pytest.approx(2.0 / MIN_LOSS)  # reaches 0: min clamped
+    assert loss_variation([2.0, float("nan"), 1.0, float("inf")]) == pytest.approx(1.0)  # finite points only
+    assert loss_variation([float("nan"), float("nan")]) == 0.0
+    for curve in ([0.0, 1e-9, 0.0], [1e-7, 2e-7], [1e30, 0.0]):
+        u = loss_variation(curve)
+        assert u >= 0 and np.isfinite(u), (curve, u)
+
+
+def test_stratification_of_a_model_sure_of_one_class_gives_zeros_and_equal_weights():
+    """A client model that puts all its probability on class 0 whatever its input: its CE curve is
+    exactly 0 for class 0 and flat for the others, so every u is 0 (not -1 nor a division by zero),
+    and a class with u = 0 for every client is weighted equally over the clients."""
+
+    class Sure(torch.nn.Module):
+        def forward(self, x):
+            logits = torch.zeros(len(x), 3)
+            logits[:, 0] = 1e4
+            return logits + 0 * x.mean()  # depends on the images, with zero gradient
+
+    u = stratification_scores(
+        [Sure(), Sure()],
+        3,
+        Generator(nz=8, ngf=4, image_size=28, channels=1),
+        lambda x: x,
+        steps=3,
+        batch=4,
+        lr=1e-3,
+        seed_of=lambda k, j: 10 * k + j,
+    )
+    assert np.array_equal(u, np.zeros((2, 3)))
+    assert np.array_equal(normalise_over_clients(u), np.full((2, 3), 0.5))
+    assert np.array_equal(normalise_over_classes(u), np.full((2, 3), 1 / 3))
+    assert np.array_equal(max_client_share(u), np.full(3, 0.5))
+
+
+def test_teacher_max_client_share_and_tempering_on_a_small_s():
+    u = np.array([[3.0, 1.0, 0.0], [1.0, 1.0, 0.0], [0.0, 2.0, 0.0]])  # (clients, classes); class 2 all 0
+    # by hand: class 0: 3/4, 1/4, 0; class 1: 1/4, 1/4, 2/4; class 2: equal, 1/3 each
+    assert np.allclose(max_client_share(u), [0.75, 0.5, 1 / 3])
+    assert np.allclose(max_client_share(normalise_over_clients(u)), [0.75, 0.5, 1 / 3])
+    assert np.array_equal(tempered_over_clients(u, 1.0), normalise_over_clients(u))  # tau = 1: the paper's rule
+    half = tempered_over_clients(u, 2.0)  # sqrt(u), normalised: class 0 sqrt(3) / (sqrt(3) + 1)
+    assert np.allclose(half.sum(0), 1) and half[2, 0] == 0  # u = 0 keeps weight 0
+    assert np.allclose(max_client_share(half), [3**0.5 / (3**0.5 + 1), 2**0.5 / (2**0.5 + 2), 1 / 3])
+    skewed = np.array([[1950.0, 0.2], [0.16, 900.0], [3.0, 0.5], [1.0, 1.0]])  # one client holds each class
+    shares = [max_client_share(tempered_over_clients(skewed, t)).max() for t in (1.0, 2.0, 4.0, 16.0, 1e6)]
+    assert shares[0] > 0.99 and all(a > b for a, b in zip(shares, shares[1:])), shares  # falls smoothly with tau
+    assert shares[-1] == pytest.approx(0.25, abs=1e-4)  # towards equal weights over the clients
+    huge = tempered_over_clients(np.array([[1e300, 1.0], [1e-300, 0.0]]), 0.01)  # sharpening does not overflow
+    assert np.all(np.isfinite(huge)) and np.allclose(huge.sum(0), 1)
+
+
 def test_stratification_is_ranked_against_prediction_rate_and_precision():
     labels = torch.tensor([0, 0, 1, 1])
     predictions = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1]])  # client 0 always says 0; client 1 once errs
@@ -226,6 +290,13 @@ def test_stratification_finds_each_clients_two_classes_and_is_reported(six_metho
     ranks = summary["stratification_rank_correlation"]
     assert ranks["prediction_rate"] > 0.5 and ranks["precision"] > 0.5, ranks
     assert 0 <= summary["ensemble_accuracy"] <= 1 and 0 <= summary["ensemble_accuracy_stratified"] <= 1
+    # the teacher's largest client share, beside its label-free accuracy and the average ensemble's
+    assert 0 <= summary["teacher_accuracy"] <= 1
+    per_class = summary["teacher_max_client_share_per_class"]
+    assert len(per_class) == 10 and summary["teacher_max_client_share"] == max(per_class)
+    assert summary["teacher_max_client_share"] == pytest.approx(max_client_share(scores).max(), abs=1e-4)
+    assert 1 / 5 <= summary["teacher_max_client_share"] <= 1
+    assert server_series(run_dir, "teacher_max_client_share") == [summary["teacher_max_client_share"]]
     # Told each image's class, SA weights the one client that holds it (U_r): far above the label-free reading.
     assert summary["ensemble_accuracy_stratified_given_label"] > summary["ensemble_accuracy_stratified"] + 0.2
     own = [r for r in pq.read_table(run_dir / "metrics.parquet").to_pylist() if r["metric"] == "own_accuracy"]

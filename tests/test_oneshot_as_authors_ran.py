@@ -19,10 +19,16 @@ from PIL import Image
 from torch import nn
 
 from raysim.algorithms.oneshot.augment import augment_images
-from raysim.algorithms.oneshot.ensemble import normalise_over_classes, normalise_over_clients, stratified_logits
+from raysim.algorithms.oneshot.ensemble import (
+    normalise_over_classes,
+    normalise_over_clients,
+    stratified_logits,
+    tempered_over_clients,
+)
 from raysim.algorithms.oneshot.losses import distillation_loss
 from raysim.algorithms.oneshot.transfer import to_shape
 from raysim.config.load import load_config
+from raysim.errors import RaysimError
 from raysim.registry import class_and_params
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series
@@ -75,6 +81,46 @@ def test_literal_eq_8_depends_on_a_clients_logit_offset_and_the_default_teacher_
     assert torch.allclose(raw_teacher, stratified_logits(logits, y, over_clients, None) * per_class, atol=1e-4)
     assert not torch.allclose(F.softmax(raw_teacher, 1), default[0], atol=1e-2)  # another temperature per class
     assert torch.allclose(hydra.teacher_weights(state, "stratified_eq8", "cpu")[1], over_classes)
+
+
+def test_fedhydra_teacher_is_the_papers_by_default_and_tempered_on_request():
+    """The authors' code hands the raw u to its teacher, unbounded and untempered: the paper's rule
+    (eq. 4-5) stays the default, a stored config made before `stratify_weighting` reads as it, and
+    `tempered` (u^(1/tau) over the clients) lowers the largest client share of a skewed S, equal
+    to the paper's rule at tau = 1."""
+    from raysim.config.files import read_yaml
+    from raysim.config.load import as_made, config_from_dict
+
+    u = np.array([[1950.0, 0.2, 0.0], [0.16, 900.0, 0.0], [3.0, 0.5, 0.0], [1.0, 1.0, 0.0]])  # class 2: all 0
+    paper = algorithm()
+    assert (paper.params.stratify_weighting, paper.params.stratify_temperature) == ("paper", 4.0)
+    state = {"u": u, "over_clients": normalise_over_clients(u), "over_classes": normalise_over_classes(u)}
+    shares = paper.teacher_shares(state, "label_weighted", 4, 3)
+    assert np.allclose(shares, [1950 / 1954.16, 900 / 901.7, 0.25])  # one client holds a class; equal where u = 0
+    assert np.allclose(paper.teacher_shares(state, "label_weighted_raw", 4, 3), shares)
+    assert np.array_equal(paper.teacher_shares(state, "mean", 4, 3), np.full(3, 0.25))
+    raw, _ = paper.teacher_weights(state, "label_weighted_raw", "cpu")
+    assert torch.equal(raw[:, :2], torch.tensor(u[:, :2], dtype=torch.float32))  # the raw u, as before
+    assert torch.equal(raw[:, 2], torch.full((4,), 0.25))  # no class left with a teacher of zeros
+    for tau, lower in ((1.0, False), (4.0, True)):
+        hydra = algorithm(**{"algorithm.stratify_weighting": "tempered", "algorithm.stratify_temperature": tau})
+        tempered = {**state, "teacher_over_clients": tempered_over_clients(u, tau)}
+        for aggregation in ("label_weighted", "label_weighted_raw", "stratified_eq8"):
+            mine = hydra.teacher_shares(tempered, aggregation, 4, 3)
+            assert (mine.max() < shares.max() - 0.2) if lower else np.allclose(mine, shares), (tau, aggregation)
+            w, c = hydra.teacher_weights(tempered, aggregation, "cpu")
+            w_paper, c_paper = hydra.teacher_weights(tempered, aggregation, "cpu", paper=True)  # the references
+            assert torch.allclose(w_paper, paper.teacher_weights(state, aggregation, "cpu")[0])
+            assert torch.allclose(w, w_paper) == (not lower) and (c is None) == (c_paper is None)
+        raw, _ = hydra.teacher_weights(tempered, "label_weighted_raw", "cpu")  # raw u's scale s_y kept
+        assert torch.allclose(raw.sum(0)[:2], torch.tensor(u.sum(0)[:2], dtype=torch.float32))
+    with pytest.raises(RaysimError, match="algorithm.stratify_temperature must be > 0, got 0"):
+        algorithm(**{"algorithm.stratify_temperature": 0})
+    with pytest.raises(RaysimError, match="'algorithm.stratify_weighting' must be one of paper, tempered, got 'soft'"):
+        algorithm(**{"algorithm.stratify_weighting": "soft"})
+    stored = read_yaml(ROOT / "experiments/benchmark/benchmark/fmnist_ck2/fedhydra/s0/config.yaml")
+    assert "stratify_weighting" not in stored["algorithm"]
+    assert config_from_dict(as_made(stored)).algorithm.stratify_weighting == "paper"
 
 
 @pytest.mark.filterwarnings("ignore:reduction. 'mean' divides")  # torch's note on the authors' reduction

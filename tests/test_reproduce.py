@@ -53,7 +53,7 @@ def test_smoke_table_is_written_beside_the_papers_figures(smoke):
     out, done, seconds = smoke
     assert done.returncode == 0, done.stderr[-3000:]
     table = (out / "table.md").read_text()
-    assert "| cell | method | paper | final | last-5 | best |" in table
+    assert "| cell | method | paper | final | last-5 | best (test-selected) | selected |" in table
     assert "| FMNIST sample, Dir(0.5) | FedAvg | 87.2 +- 0.3 |" in table
     assert "fedprox > fedavg | 87.58 vs 87.19 | yes |" in table and " of 2 seeds |" in table
     rounds = re.findall(r"^\| FMNIST sample, Dir\(0.5\) \| (\w+) \| 0.5 \|  \| (.+) \|$", table, re.M)

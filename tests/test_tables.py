@@ -472,3 +472,35 @@ methods:
     assert table.config("a", "dense_meant", "cpu", 0, DATA).algorithm.kd_lr == 0.03
     with pytest.raises(RaysimError, match="algorithm.name=dense .* dense's own parameter.*algorithm.kd_lr=0.02"):
         table.config("a", "dense", "cpu", 0, DATA)
+
+
+def test_a_papers_ordering_is_set_beside_the_measured_one_pair_by_pair():
+    """Every pair the paper's cell and the measurement both rank, in the paper's order, agreeing only
+    where the measurement puts the same method above; equal means are a tie, not a disagreement."""
+    from raysim.reproduce.paper_orderings import PaperOrdering, comparison_rows, paper_figures
+
+    ordering = PaperOrdering(table="fedaf_table1", cell="cifar10_alpha0.1", beside="x", causes={"feddm > fedaf": "why"})
+    paper = paper_figures(ordering, load_table("fedaf_table1").cells["cifar10_alpha0.1"].paper)
+    assert paper["fedaf"] == pytest.approx(69.11)
+    measured = {"fedaf": 28.4, "feddm": 32.5, "fedavg": 28.1, "fedbn": 28.1, "unmeasured_here": 1.0}
+    rows = {r["ordering"]: r for r in comparison_rows(ordering, paper, measured)}
+    assert set(rows) == {
+        "fedaf > feddm",
+        "fedaf > fedbn",
+        "fedaf > fedavg",
+        "feddm > fedbn",
+        "feddm > fedavg",
+        "fedbn > fedavg",
+    }
+    assert rows["fedaf > feddm"]["agrees"] is False and rows["fedaf > feddm"]["cause"] == "why"
+    assert rows["feddm > fedavg"]["agrees"] is True
+    assert rows["fedbn > fedavg"]["agrees"] is None  # FedBN runs as FedAvg without batch norm
+
+
+def test_a_paper_ordering_naming_what_does_not_exist_is_one_line(tmp_path):
+    raw = yaml.safe_load((TABLES_DIR / "benchmark.yaml").read_text())
+    raw["paper_orderings"] = {"x": {"table": "fedaf_table1", "cell": "nowhere", "beside": "fmnist_dir0.1"}}
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(RaysimError, match="table fedaf_table1 has no cell nowhere"):
+        load_table(path)

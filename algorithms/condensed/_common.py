@@ -8,18 +8,44 @@ When a subclass adds a condensation term, every GRAD_RATIO_EVERY steps the clien
 the norm of that term's gradient on the images against the DM term's, and logs the mean ratio
 as `<extra_loss_name>_dm_grad_ratio` (metrics.parquet, per client and round): it tells whether
 the term's weight gives it any say at all.
+
+Bytes are what travels: the engine measures each reply serialised (raysim.tensors.serialized_nbytes),
+so `quantize_uint8` (uint8 pixels, 1 byte per pixel and channel) or float32 images (4 bytes) decides
+the images' bytes, for FedDM, FedAF and DCFL alike. (FedAF's Appendix C counts images at one byte per
+pixel whatever is sent; raysim counted so until issue 76, also for float32 transport.)
+
+The server's sets (`server_sets`, FedDM and FedAF): which condensed sets the server trains on in a round.
+  seen   (default) the latest set of every client seen so far, kept in the server state: a client's
+         newer set replaces its older one (FedAF's clients refine theirs; FedDM's re-condense);
+  round  only the sets of the round's participants (raysim before issue 76; stored configs without
+         the key read as `round`).
+What the papers and code do: FedDM's paper trains the global model on the union of the synthetic sets
+its clients uploaded; no official code exists, and the widely copied re-implementation
+(m13891290332/fedDM, `server/fedDMserver.py`) concatenates the sets received in the round, with
+join_ratio 1.0: every client takes part in every round, so the round's sets are every client's latest.
+FedAF's eq. 14 trains on S = union_k S_k over the clients, in experiments with full participation
+(10 clients; the author's NIID-Bench fork); its code is not released. So with full participation
+`seen` and `round` coincide (tested to the digit). Under partial participation `round` trains the
+global model, for server_epochs epochs from its current weights (nothing is aggregated), on the few
+sets of the round alone, so it drifts towards the classes those clients hold and forgets the others
+from round to round; `seen` keeps training on what every client ever sent, which the server already
+holds and which costs no communication: the union of the papers' eq. 14 as near as partial
+participation allows. FedAF's server knowledge (the class-wise means V and soft labels R of eq. 8 and 12,
+CDC's target and LGKM's R) is averaged over the same clients whose sets the server trains on: each
+client's latest V_k and R_k, kept with its set (`seen`), or the round's (`round`). The server logs
+`server_images` and `server_clients`, the images and clients it trained on that round.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm, ClientData, Context, Reply
+from raysim.algorithm import Algorithm, ClientData, Context, Reply, added_param
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.matching import ClassMeans, class_means, distribution_distance, real_batch_indices
 from raysim.algorithms.condensed.synthetic import (
@@ -57,7 +83,9 @@ class CondensationParams:
     server_lr: float = 0.001
     server_momentum: float = 0.9
     server_dsa: bool = True  # augment condensed images while the server trains on them
-    quantize_uint8: bool = False  # send images as uint8 pixels (they are counted as 1 byte either way)
+    # The images' transport width, and so their bytes (the engine measures what is sent): true sends
+    # uint8 pixels (1 byte per pixel and channel), false float32 normalised images (4 bytes).
+    quantize_uint8: bool = False
 
     def validate(self):
         for name in ("ipc", "steps", "real_batch", "server_batch", "init_average_of"):
@@ -67,6 +95,15 @@ class CondensationParams:
             raise RaysimError(f"algorithm.server_epochs must be >= 0, got {self.server_epochs}")
         if self.init not in ("real", "average", "noise"):
             raise RaysimError(f"algorithm.init must be real, average or noise, got '{self.init}'")
+
+
+@dataclass
+class ServerSetsParams(CondensationParams):
+    """FedDM's and FedAF's parameters: the condensation's and which sets the server trains on."""
+
+    # seen: the latest set of every client seen so far; round: only the round's participants' sets
+    # (module docstring; configs made before the key read as round)
+    server_sets: Literal["seen", "round"] = added_param("seen", before="round")
 
 
 def train_server_model(
@@ -171,30 +208,45 @@ class CondensedDataAlgorithm(Algorithm):
     def clip_image_grad(self, syn: torch.Tensor) -> None:
         pass
 
-    def upload_bytes(self, message: dict[str, Any]) -> int:
-        """FedAF's Appendix C: one byte per pixel and channel, everything else float32."""
-        extras = sum(np.asarray(v).size * 4 for k, v in message.items() if k not in ("images", "classes"))
-        return int(np.asarray(message["images"]).size + extras)
-
     # ------------------------------------------------------------- server
+    knowledge_keys: tuple[str, ...] = ()  # reply entries the server keeps with a client's set (FedAF: V_k, R_k)
+
     def server_init(self, model, ctx):
-        return {"weights": module_weights(model)}
+        state = {"weights": module_weights(model)}
+        if self.params.server_sets == "seen":
+            state["sets"] = {}  # client -> its latest set (and knowledge_keys)
+        return state
 
     def broadcast(self, state, round_index, participants):
         return {"weights": state["weights"]}
 
-    def gather(self, replies: list[Reply], ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
-        """The union of all condensed sets as normalised images and labels, in client order."""
+    def training_sets(self, state: dict[str, Any], replies: list[Reply]) -> list[dict[str, Any]]:
+        """The sets the server trains on this round, in client order (module docstring, `server_sets`):
+        the replies' (`round`), or every seen client's latest, the replies' replacing older ones in
+        state["sets"] (`seen`). Each: images, classes and `knowledge_keys`."""
+        keys = ("images", "classes", *self.knowledge_keys)
+        new = {r.client: {k: np.array(r.message[k]) for k in keys} for r in replies}  # copies, not store views
+        if self.params.server_sets == "round":
+            return [new[k] for k in sorted(new)]
+        state["sets"] = {**state.get("sets", {}), **new}
+        return [state["sets"][k] for k in sorted(state["sets"])]
+
+    def gather(self, sets: list[dict[str, Any]], ctx: Context) -> tuple[torch.Tensor, torch.Tensor]:
+        """The union of the condensed sets as normalised images and labels, in the given order."""
         xs, ys = [], []
-        for reply in replies:
-            x = as_images(reply.message["images"], ctx.mean, ctx.std, ctx.device)
+        for s in sets:
+            x = as_images(s["images"], ctx.mean, ctx.std, ctx.device)
             xs.append(x)
-            ys.append(torch.from_numpy(set_labels(reply.message["classes"], len(x))).to(ctx.device))
+            ys.append(torch.from_numpy(set_labels(s["classes"], len(x))).to(ctx.device))
         return torch.cat(xs), torch.cat(ys)
 
     def server_update(self, state, replies, round_index, ctx):
-        state = self.aggregate_knowledge(dict(state), replies, ctx)
-        x, y = self.gather(replies, ctx)
+        state = dict(state)
+        sets = self.training_sets(state, replies)
+        state = self.aggregate_knowledge(state, sets, ctx)
+        x, y = self.gather(sets, ctx)
+        ctx.log.scalar("server_images", len(x))
+        ctx.log.scalar("server_clients", len(sets))
         model = ctx.model("server")
         load_weights(model, state["weights"])
         train_server_model(
@@ -211,7 +263,8 @@ class CondensedDataAlgorithm(Algorithm):
         )
         return state
 
-    def aggregate_knowledge(self, state, replies, ctx):
+    def aggregate_knowledge(self, state, sets: list[dict[str, Any]], ctx):
+        """The server's knowledge from the same sets it trains on (FedAF's V and R)."""
         return state
 
     def server_extra_loss(self, state, ctx):

@@ -5,7 +5,9 @@ algorithm: `base: fedavg | fedprox | fednova | feddisco`, with that base's own p
 Server (Algorithm 1):
 - *Pre-training* (rounds 1..`pretrain_rounds` = M): each round a random `pretrain_fraction` (C_pre)
   of the K clients is asked; those not seen before condense their data (DM with DSA, `ipc` per
-  class), train from w^0, and upload model and condensed set (ClientUpdateWoCD). The global model
+  class), train from w^0, and upload model and condensed set (ClientUpdateWoCD). A client first seen
+  after pre-training does the same in its first round (its set joins the pool for returning clients),
+  except with `use_condensed: none` (Client, below). The global model
   stays w^0 until round M, where the server trains it on the pooled condensed data (ServerUpdate,
   `server_epochs` at `server_lr`). Pre-training rounds count as rounds (rounds_to_accuracy).
 - *Selection* (eq. 4): n = clients.per_round; round(epsilon n) seen clients are drawn without
@@ -37,13 +39,13 @@ Server (Algorithm 1):
   label histograms (does CKA see which clients hold the same classes? the server reads the
   histograms for this number only), and `selection_spread`, the largest over the smallest of
   eq. 4's probabilities.
-- *Complementary data* (GetComplementaryCondensedDataForK): a returning client receives the
+- *Complementary data* (GetComplementaryCondensedDataForK): a returning client trains on the
   condensed sets of its group, the `group_size` seen clients with the LOWEST CKA to it
   (`complement: low`; the paper never says which, and low classifier similarity means dissimilar
   label distributions, i.e. data that complements the client's own). `group_size: 0` means
   participants per round - 1, the paper's communication estimate (Sec. IV-C). `filter_ratio` r > 0
-  drops, before delivery, the fraction r of those images with the highest loss under the current
-  global model (the paper filters "based on their performance" without a rule; dropping the least
+  drops the fraction r of the group's images (all its sets together) with the highest loss under the
+  current global model (the paper filters "based on their performance" without a rule; dropping the least
   consistent images is the reading that matches its stated aim of a more stable training).
   `grouping: random` gives a returning client `group_size` seen clients drawn at random instead
   (seeded by round and client): the control for what CKA grouping adds. The lowest-CKA rule
@@ -63,12 +65,23 @@ Server (Algorithm 1):
   (the authors released no code); `cka_sampled` and `random` are raysim's, for the question whether
   complementarity helps once every set is sent (the DCFL report's `dcfl_grouping` measures it).
   Diagnostics of coverage, from the per-client count of deliveries (how many times each client's
-  condensed set went to a returning client; server state): `sets_sent_clients`, how many clients'
+  condensed set was in a returning client's group, so trained on; it travels to a client once, below;
+  server state): `sets_sent_clients`, how many clients'
   sets were sent at least once so far; `sets_sent_fraction`, that over the clients seen so far;
   `sets_sent_gini`, the Gini coefficient of the delivery counts over the seen clients (0: every
   seen client's set sent equally often; 1 - h/n when the sets of h of the n seen clients make all
   deliveries, equally: 0.9 for two hubs among 20; logged once something was sent). Per round in
   metrics.parquet, the final values in summary.json.
+- *Delivery*: a set never changes once uploaded (a client condenses once, when first seen), so it
+  travels to a client once. The server keeps, in its state (`held`), which clients' sets each client
+  holds; each round a returning client receives its group's ids (in order) and, whole, the sets of
+  the group it does not hold yet, and keeps them in its client state (`held`, checkpointed with it);
+  it assembles the group's images from what it holds, in group order. With filter_ratio > 0 the
+  server also sends, per set of the group, the indices of the images the filter keeps (a small
+  unsigned integer array), and the client applies them: the images a client trains on are those the
+  whole group's delivery of each round would give (raysim before issue 76 sent that; tested). Bytes
+  down are measured from what is sent; `received_new_images` (per client and round) counts the
+  images of the sets sent whole, `received_images` those trained on.
 - *Aggregation*: the base's, with each client's new data size (own + received images) as n_k; for
   FedDisco the label counts include the received labels, for FedNova the steps include fine-tuning.
 
@@ -76,10 +89,14 @@ Client (Algorithm 2): train `local.epochs` (E_c) on the own data with the base's
 (FedProx's proximal term included), then with `use_condensed: finetune` `finetune_epochs` (E_s) on
 the received data plus the client's own condensed set (Alg. 2 line 13) at `finetune_lr` (eta_s,
 SGD with local.momentum), batch `finetune_batch` (B_s); `mix` trains E_c epochs on own + received
-data together; `none` receives nothing (CKA selection alone, Table IV). `train_dsa` applies DSA to
-every training batch (Alg. 2 lines 8 and 20; off for Table IV). Condensation matches through
-`match_gamma` w_global + (1 - match_gamma) w_random (raysim.algorithms.condensed.match_models.resample_model):
-0 = DM's fresh random network each step (the default: DCFL cites DM), 1 = the received model.
+data together; `none` receives nothing (CKA selection alone, Table IV), and then a client first
+seen after pre-training condenses nothing and uploads no set (no one would use it): with
+`pretrain_rounds: 0` the run is its base with DSA on the local batches (`train_dsa`) and CKA or random
+selection, nothing condensed (`filter_ratio` > 0 with `none` is refused: nothing is sent to filter).
+`train_dsa` applies DSA to every training batch (Alg. 2 lines 8 and 20; off for Table IV).
+Condensation matches through `match_gamma` w_global + (1 - match_gamma) w_random
+(raysim.algorithms.condensed.match_models.resample_model): 0 = DM's fresh random network each step
+(the default: DCFL cites DM), 1 = the received model.
 """
 
 from __future__ import annotations
@@ -166,6 +183,11 @@ class DCFLParams(CondensationParams):
         for key in ("pretrain_rounds", "group_size", "finetune_epochs"):
             if getattr(self, key) < 0:
                 raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
+        if self.use_condensed == "none" and self.filter_ratio > 0:
+            raise RaysimError(
+                f"algorithm.filter_ratio={self.filter_ratio} filters the condensed sets sent to returning clients, "
+                "and use_condensed: none sends none: set filter_ratio=0 or use_condensed to mix or finetune"
+            )
         if not self.group_temperature > 0:
             raise RaysimError(f"algorithm.group_temperature must be > 0, got {self.group_temperature}")
         if self.finetune_batch < 1:
@@ -335,11 +357,20 @@ class DCFL(Algorithm):
             "pool": {},
             "cka": np.full((k, k), np.nan),
             "pool_loss": {},
-            "sent": np.zeros(k, dtype=np.int64),  # per client: how often its condensed set was delivered
+            "sent": np.zeros(k, dtype=np.int64),  # per client: how often its set was in a returning client's group
+            "held": {},  # client -> the clients whose condensed sets it holds (received once, kept in its state)
         }
 
     def pretraining(self, round_index: int) -> bool:
         return round_index <= self.params.pretrain_rounds
+
+    def condenses(self, round_index: int) -> bool:
+        """Whether a client first seen in this round condenses and uploads a set: when a set is used,
+        by pre-training's ServerUpdate (round M trains on the pool) or by returning clients
+        (use_condensed mix or finetune). `use_condensed: none` after pre-training, and so with
+        `pretrain_rounds: 0` throughout, condenses nothing: the run is its base with DSA on the local
+        batches (train_dsa) and CKA or random selection."""
+        return self.pretraining(round_index) or self.params.use_condensed != "none"
 
     def left_initial(self, round_index: int) -> bool:
         """Whether the round's global model differs from w^0: it changes at the end of pre-training
@@ -375,17 +406,22 @@ class DCFL(Algorithm):
     def broadcast(self, state, round_index, participants):
         out = Broadcast({"weights": state["weights"]})
         first = [k for k in participants if k not in state["seen"]]
-        if first:
-            part = {"condense": True}
-            if self.params.cka_on == "initial" and self.left_initial(round_index):
-                part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
+        part = {"condense": True} if first and self.condenses(round_index) else {}
+        if first and self.params.cka_on == "initial" and self.left_initial(round_index):
+            part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
+        if part:
             out.to(first, part)
-        if self.params.use_condensed == "none":
-            return out
-        for k in participants:
-            if k in state["seen"]:
-                out.to(k, self.group_data(state, self.group(state, round_index, k)))
+        for k, group in self.round_groups(state, round_index, participants).items():
+            if group:
+                out.to(k, self.delivery(state, k, group))
         return out
+
+    def round_groups(self, state, round_index: int, participants: list[int]) -> dict[int, list[int]]:
+        """Each returning participant's group this round ({} with use_condensed none): broadcast and
+        server_update compute them from the state the round started from, so they agree."""
+        if self.params.use_condensed == "none":
+            return {}
+        return {k: self.group(state, round_index, k) for k in participants if k in state["seen"]}
 
     def group(self, state, round_index: int, client: int) -> list[int]:
         """The seen clients whose condensed sets a returning client receives."""
@@ -409,39 +445,68 @@ class DCFL(Algorithm):
         """The per-client delivery counts after this round's broadcast (the same groups as
         `broadcast`: it and this read the state the round started from)."""
         sent = np.array(state.get("sent", np.zeros(self.config.clients.num, dtype=np.int64)), dtype=np.int64)
-        if self.params.use_condensed == "none":
-            return sent
-        for k in participants:
-            if k in state["seen"]:
-                for j in self.group(state, round_index, k):
-                    sent[j] += 1
+        for group in self.round_groups(state, round_index, participants).values():
+            for j in group:
+                sent[j] += 1
         return sent
 
-    def group_data(self, state, group: list[int]) -> dict[str, np.ndarray]:
-        """The group's condensed images and labels, less the filtered fraction (filter_ratio)."""
-        if not group:
-            return {}
-        x, y = pool_arrays(state["pool"], group)
+    def delivery(self, state, client: int, group: list[int]) -> dict[str, Any]:
+        """What returning client `client` receives for `group` (module docstring, *Delivery*): the
+        group's ids, in order; the sets of it the client does not hold yet, whole; with
+        filter_ratio > 0 the indices of each group set's images the filter keeps."""
+        held = set(state.get("held", {}).get(client, ()))
+        part: dict[str, Any] = {"group": np.asarray(group, dtype=np.int64)}
+        new = {j: state["pool"][j] for j in group if j not in held}
+        if new:
+            part["new_sets"] = {j: {"images": s["images"], "classes": s["classes"]} for j, s in new.items()}
         if self.params.filter_ratio > 0:
-            loss = np.concatenate([state["pool_loss"][k] for k in group])
-            kept = max(1, round(len(loss) * (1 - self.params.filter_ratio)))
-            keep = np.sort(np.argsort(loss, kind="stable")[:kept])
-            x, y = x[keep], y[keep]
-        return {"extra_images": x, "extra_labels": y}
+            part["kept"] = self.kept_indices(state, group)
+        return part
+
+    def kept_indices(self, state, group: list[int]) -> dict[int, np.ndarray]:
+        """filter_ratio r: of the group's images together, the fraction r with the highest loss under
+        the current global model is dropped (ties: the earlier image, in group order, is kept); per
+        group set, the indices of its kept images, in order, as the smallest unsigned integer type."""
+        losses = [state["pool_loss"][k] for k in group]
+        loss = np.concatenate(losses)
+        kept = max(1, round(len(loss) * (1 - self.params.filter_ratio)))
+        keep = np.sort(np.argsort(loss, kind="stable")[:kept])
+        out, start = {}, 0
+        for k, part in zip(group, losses):
+            mine = keep[(keep >= start) & (keep < start + len(part))] - start
+            out[k] = mine.astype(np.min_scalar_type(max(len(part) - 1, 0)))
+            start += len(part)
+        return out
+
+    def hold(self, state, groups: dict[int, list[int]], replies: list[Reply]) -> dict[int, list[int]]:
+        """The sets each client holds after this round: a client that replied holds its group's sets
+        (a client whose reply is lost kept nothing: its state is as of its previous round)."""
+        held = dict(state.get("held", {}))
+        for r in replies:
+            if groups.get(r.client):
+                held[r.client] = sorted(set(held.get(r.client, ())) | set(groups[r.client]))
+        return held
 
     def server_update(self, state, replies: list[Reply], round_index, ctx):
+        groups = self.round_groups(state, round_index, [r.client for r in replies])
         state = {
             **state,
-            "seen": list(state["seen"]),
+            "seen": sorted(set(state["seen"]) | {r.client for r in replies}),  # first-timers too
             "pool": dict(state["pool"]),
             "classifiers": dict(state["classifiers"]),
             "cka": state["cka"].copy(),
             "sent": self.count_deliveries(state, round_index, [r.client for r in replies]),
+            "held": self.hold(state, groups, replies),
         }
         for r in replies:
-            if "images" in r.message:
-                state["pool"][r.client] = {"images": r.message["images"], "classes": r.message["classes"]}
-                state["seen"] = sorted(set(state["seen"]) | {r.client})
+            if "images" in r.message:  # a client condenses once, when first seen: sets never change
+                # writable copies: a read-only array (a reply's, from the object store) pickles 2 bytes
+                # longer than the same array read back from a checkpoint, and a resumed run must count
+                # the same bytes down
+                state["pool"][r.client] = {
+                    "images": np.array(r.message["images"]),
+                    "classes": np.array(r.message["classes"]),
+                }
             self.update_cka(state, r.client, r.message)
         if self.pretraining(round_index):
             if round_index == self.params.pretrain_rounds and state["pool"]:
@@ -518,7 +583,8 @@ class DCFL(Algorithm):
             client.state["condensed"] = {"images": message["images"], "classes": message["classes"]}
         model = ctx.model()
         load_weights(model, payload["weights"])
-        extra_x, extra_y = self.received(payload, client, ctx)
+        group = self.group_sets(payload, client)
+        extra_x, extra_y = self.received(group, client, ctx)
         augment = DSA(per_image=True) if p.train_dsa else None
         loss_fn, hook = self.base.local_loss(payload, client, ctx), self.base.grad_hook(payload, client, ctx)
         x, y = client.x, client.y
@@ -542,11 +608,12 @@ class DCFL(Algorithm):
             ).steps
         client.metrics["train_loss"] = stats.mean_loss
         client.metrics["local_steps"] = steps
-        received = len(payload["extra_labels"]) if "extra_labels" in payload else 0
+        received = 0 if group is None else len(group[1])
         client.metrics["received_images"] = received
+        client.metrics["received_new_images"] = sum(len(s["images"]) for s in payload.get("new_sets", {}).values())
         counts = client.label_counts.copy()
         if received:
-            counts += np.bincount(np.asarray(payload["extra_labels"]), minlength=len(counts))
+            counts += np.bincount(group[1], minlength=len(counts))
         message["weights"] = module_weights(model)
         message.update(
             self.base.after_training(model, payload, dataclasses.replace(client, label_counts=counts), ctx, steps)
@@ -581,13 +648,38 @@ class DCFL(Algorithm):
             grad_hook=self.base.grad_hook(payload, client, ctx),
         )
 
-    def received(self, payload, client: ClientData, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """What a returning client trains on besides its data: the group's condensed sets it received
-        and (fine-tune) its own condensed set (Alg. 2 line 13)."""
-        if "extra_images" not in payload:
+    def group_sets(self, payload, client: ClientData) -> tuple[np.ndarray, np.ndarray] | None:
+        """The group's condensed images (as they travelled) and labels, in group order, less what the
+        filter drops: assembled from the sets the client holds, the round's new ones added to its
+        state first (module docstring, *Delivery*); None when it received no group."""
+        if "group" not in payload:
+            return None
+        held = dict(client.state.get("held", {}))
+        for j, s in payload.get("new_sets", {}).items():  # copies: object-store arrays are read-only views
+            held[int(j)] = {"images": np.array(s["images"]), "classes": np.array(s["classes"])}
+        client.state["held"] = held
+        xs, ys = [], []
+        for j in (int(j) for j in payload["group"]):
+            if j not in held:
+                raise RaysimError(
+                    f"dcfl: client {client.id} was sent client {j}'s condensed set as held, and its state lacks it: "
+                    "its client state was lost or is from another run; start a fresh run"
+                )
+            x, y = held[j]["images"], set_labels(held[j]["classes"], len(held[j]["images"]))
+            if "kept" in payload:
+                keep = np.asarray(payload["kept"][j], dtype=np.int64)
+                x, y = x[keep], y[keep]
+            xs.append(x)
+            ys.append(y)
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def received(self, group, client: ClientData, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What a returning client trains on besides its data: its group's condensed sets (`group`:
+        images and labels from group_sets) and (fine-tune) its own condensed set (Alg. 2 line 13)."""
+        if group is None:
             return None, None
-        xs = [to_images(payload["extra_images"], ctx)]
-        ys = [torch.as_tensor(np.asarray(payload["extra_labels"]), device=ctx.device)]
+        xs = [to_images(group[0], ctx)]
+        ys = [torch.as_tensor(group[1], device=ctx.device)]
         own = client.state.get("condensed")
         if own is not None and self.params.use_condensed == "finetune":
             xs.append(to_images(own["images"], ctx))

@@ -12,12 +12,15 @@ Round r, client k (holding classes c with data D_{k,c}):
 Server:
   v_c = mean_k v_{k,c},  r_c = mean_k r_{k,c}   (over the clients holding c)   (eq. 8, 12)
   train w on S = union S_k with L = CE + lambda_glob LGKM                      (eq. 14)
+  (S_k, V_k, R_k: each seen client's latest, `server_sets: seen`; the round's, `round`)
   LGKM = 1/2 (KL(R||T) + KL(T||R)),  t_c = softmax(mean_{x in S_c} f_w(x) / tau)  (eq. 13, 15, 16)
 Choices where the paper is silent:
   - V computed by the clients in round r is broadcast in round r + 1 (one message each way per
     round), so round 1 condenses without CDC;
   - t_c is computed on the classes present in each server mini-batch;
-  - averages over "clients" in eq. 8 and 12 run over the clients that hold class c;
+  - averages over "clients" in eq. 8 and 12 run over the clients that hold class c, among the clients
+    whose sets the server trains on (`server_sets`: by default every client seen so far, with its
+    latest V_k and R_k; `round`: the round's participants; raysim.algorithms.condensed._common);
   - eq. 17 re-samples w "in each step of the local data condensation", and eq. 6 is written with
     that w, so u_{k,c} goes through the step's re-sampled model w' (`cdc_model: resampled`) as the
     DM term sees it: the mean logit of the class in the DM term's own forward pass (batch norm in
@@ -51,7 +54,7 @@ import numpy as np
 import torch
 
 from raysim.algorithm import added_param
-from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen
+from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, ServerSetsParams, frozen
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.matching import class_mean_logits, soft_labels, symmetric_kl
@@ -67,7 +70,7 @@ class FedAF(CondensedDataAlgorithm):
     _step_model: torch.nn.Module | None = None  # the re-sampled model of the current condensation step
 
     @dataclass
-    class Params(CondensationParams):
+    class Params(ServerSetsParams):
         init: str = "average"  # class-wise averages of random real images
         gamma: float = 0.9  # model re-sampling coefficient (eq. 17)
         lambda_loc: float = 1e-4  # CDC weight (eq. 10); 0 = "without CDC"
@@ -111,14 +114,16 @@ class FedAF(CondensedDataAlgorithm):
     def broadcast(self, state, round_index, participants):
         return {"weights": state["weights"], "logits": state["logits"], "known": state["known"]}
 
-    def aggregate_knowledge(self, state, replies, ctx):
-        """eq. 8 and 12: class-wise means of the clients' V_k and R_k."""
+    knowledge_keys = ("logits", "soft")  # V_k and R_k, kept with S_k (server_sets: seen)
+
+    def aggregate_knowledge(self, state, sets, ctx):
+        """eq. 8 and 12: class-wise means of the V_k and R_k sent with the sets the server trains on."""
         c = ctx.num_classes
         sums, soft, holders = np.zeros((c, c)), np.zeros((c, c)), np.zeros(c)
-        for reply in replies:
-            for cls in reply.message["classes"]:
-                sums[cls] += reply.message["logits"][cls]
-                soft[cls] += reply.message["soft"][cls]
+        for s in sets:
+            for cls in s["classes"]:
+                sums[cls] += s["logits"][cls]
+                soft[cls] += s["soft"][cls]
                 holders[cls] += 1
         known = holders > 0
         safe = np.maximum(holders, 1)[:, None]

@@ -4,7 +4,9 @@ Each round every client re-initialises its condensed set from real images and
 matches, by distribution matching on features and logits, through models
 sampled around the received global model: w = w_global + rho g / ||g||, a fresh
 Gaussian direction g every step. The server trains the global model on the
-union of the clients' condensed sets with cross-entropy.
+union of the clients' condensed sets with cross-entropy: by default every client's latest set seen so
+far (`server_sets: seen`; `round`: the round's participants' only; raysim.algorithms.condensed._common
+says what the paper and the re-implementation do).
 Defaults: FedAF's settings for FedDM (rho 5, image lr 1.0, image gradients clipped at
 norm 2.0; 500 server epochs, batch 256, lr 0.001). FedAF's paper ran FedDM with its own
 condensation code: SGD momentum 0.9 (App. A; DM's code uses 0.5) and initialisation from
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen
+from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, ServerSetsParams, frozen
 from raysim.algorithms.condensed.match_models import perturb_model
 from raysim.errors import RaysimError
 
@@ -29,7 +31,7 @@ class FedDM(CondensedDataAlgorithm):
     match_logits = True
 
     @dataclass
-    class Params(CondensationParams):
+    class Params(ServerSetsParams):
         image_momentum: float = 0.9
         init: str = "average"
         rho: float = 5.0  # radius of the ball models are sampled on

@@ -9,6 +9,23 @@ After the one-shot client stage (algorithms/oneshot/_common.py):
   and .ensemble). summary.json's `stratification` is U_c as one row per client (TensorBoard shows
   it), `stratification_scores` the u it came from, and `stratification_rank_correlation` how u
   ranks against each client's prediction rate and precision per class on the test images.
+  Eq. 2 is guarded (u >= 0 and finite for a flat or zero loss curve; a class whose u is 0 for
+  every client is weighted equally: raysim.algorithms.oneshot.stratify).
+- **The teacher's client weights** (`stratify_weighting`): `paper` (default) is eq. 4-5, U_r = u
+  normalised over the clients. The authors' code neither bounds, tempers nor smooths u (it hands
+  the raw u to `Ensemble_E`, see `label_weighted_raw`), so the paper's rule stays the default. At
+  20 clients one client held over half of most classes' weight (up to 0.94): a near one-hot
+  teacher. `tempered` uses u^(1/tau) normalised over the clients (`stratify_temperature` tau), a
+  softmax over the clients of log(u) / tau: u is a ratio spanning orders of magnitude (about 0.16
+  to 1,950), so the temperature acts on its log, turning a ratio r of two clients' u into
+  r^(1/tau); the largest share falls smoothly and monotonically in tau towards equal weights, tau =
+  1 is the paper's rule, and a client with u = 0 keeps weight 0 (which mixing with uniform would
+  not). tau = 4 by default, fixed before any run of it: a 10^4 spread of u becomes a factor 10.
+  Only the run's own teacher is tempered (`teacher_accuracy`, synthesis, distillation); the
+  `ensemble_accuracy_stratified*` readings stay the paper's. summary.json's
+  `teacher_max_client_share` is the largest share one client holds of any class's teacher weight
+  (after normalising over the clients; 1/K for `mean`; eq. 8's per-class scaling not counted),
+  `teacher_max_client_share_per_class` the same per target class.
 - **The teacher** (`aggregation`), for a synthetic sample with target label y:
   - `label_weighted` (default): sum_k U_r[k, y] P_k, the clients' logits weighted per target label
     by u normalised over clients (eq. 4-5, 10-11), without eq. 8 (also accepted as
@@ -56,17 +73,21 @@ eq. 18 off; chosen before any run of either, and kept after the one-shot report'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.ensemble import (
+    max_client_share,
     mean_logits,
     normalise_over_classes,
     normalise_over_clients,
     stratified_logits,
     stratified_predict,
+    tempered_over_clients,
 )
 from raysim.algorithms.oneshot.losses import KL_REDUCTIONS, adversarial_loss, distillation_loss
 from raysim.algorithms.oneshot.stratify import rank_against_predictions, stratification_scores
@@ -95,6 +116,9 @@ class FedHydra(DataFreeDistillation):
         # label_weighted (eq. 4-5) | label_weighted_raw (their code's reading) | stratified_eq8 (eq. 8-11) | mean (AE)
         aggregation: str = "label_weighted"
         stratify_learn_z: bool = False  # also train the stratification generator's noise
+        # the clients' weights per class: paper (eq. 4-5) | tempered (u^(1/stratify_temperature), normalised)
+        stratify_weighting: Literal["paper", "tempered"] = "paper"
+        stratify_temperature: float = 4.0  # tau of `tempered` (1: the paper's rule); read by `tempered` only
 
         def validate(self) -> None:
             super().validate()
@@ -107,6 +131,8 @@ class FedHydra(DataFreeDistillation):
                 raise RaysimError(
                     f"algorithm.aggregation must be one of {', '.join(AGGREGATIONS)}, got '{self.aggregation}'"
                 )
+            if self.stratify_temperature <= 0:
+                raise RaysimError(f"algorithm.stratify_temperature must be > 0, got {self.stratify_temperature}")
             if self.stratify_steps < 2 or self.stratify_batch < 1:
                 raise RaysimError(
                     "algorithm.stratify_steps must be >= 2 (eq. 2 needs a loss curve) and algorithm.stratify_batch >= 1"
@@ -130,22 +156,26 @@ class FedHydra(DataFreeDistillation):
         )
         over_clients, over_classes = normalise_over_clients(u), normalise_over_classes(u)
         state = {**state, "u": u, "over_clients": over_clients, "over_classes": over_classes}
+        if p.stratify_weighting == "tempered":  # the run's own teacher only
+            state["teacher_over_clients"] = tempered_over_clients(u, p.stratify_temperature)
         readings = {}
-        for prefix, aggregation in (
-            ("ensemble_accuracy_stratified", "stratified_eq8"),
-            ("ensemble_accuracy_stratified_unscaled", "label_weighted"),
-            ("teacher_accuracy", p.aggregation),
+        for prefix, aggregation, paper in (
+            ("ensemble_accuracy_stratified", "stratified_eq8", True),
+            ("ensemble_accuracy_stratified_unscaled", "label_weighted", True),
+            ("teacher_accuracy", p.aggregation, False),
         ):
             if aggregation == "mean":  # AE reads no label: both readings are the average ensemble's
                 readings[prefix] = readings[f"{prefix}_given_label"] = state["report"]["ensemble_accuracy"]
                 continue
-            w, c = self.teacher_weights(state, aggregation, ctx.device)
+            w, c = self.teacher_weights(state, aggregation, ctx.device, paper=paper)
             readings[prefix] = self.ensemble_accuracy(
                 teachers, ctx, lambda logits, _, w=w, c=c: stratified_predict(logits, w, c)
             )
             readings[f"{prefix}_given_label"] = self.ensemble_accuracy(
                 teachers, ctx, lambda logits, y, w=w, c=c: stratified_logits(logits, y, w, c)
             )
+        shares = self.teacher_shares(state, p.aggregation, len(teachers), ctx.num_classes)
+        readings["teacher_max_client_share"] = round(float(shares.max()), 6)
         for name, value in readings.items():
             ctx.log.scalar(name, value)
         ranks = rank_against_predictions(u, self.test_logits(teachers, ctx).argmax(2), ctx.test_y)
@@ -162,6 +192,7 @@ class FedHydra(DataFreeDistillation):
             "stratification_scores": [[round(float(v), 6) for v in row] for row in u],  # u (eq. 2), before eq. 4-7
             "stratification_clients": clients,
             "stratification_rank_correlation": ranks,
+            "teacher_max_client_share_per_class": [round(float(v), 6) for v in shares],
         }
         return {**state, "report": report}
 
@@ -172,13 +203,34 @@ class FedHydra(DataFreeDistillation):
         return "crop_flip" if phase == "distill" else "none"
 
     @staticmethod
-    def teacher_weights(state, aggregation: str, device) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(client weights per target class, per-class scaling of eq. 8 or None), both (K, C)."""
+    def client_weights(state, aggregation: str, paper: bool = False) -> np.ndarray:
+        """(K, C) client weights per target class of a label-weighted teacher: U_r, or the run's
+        tempered U_r (state's `teacher_over_clients`) unless `paper`; for `label_weighted_raw`
+        the raw u (eq. 2), s_y U_r^tau when tempered (the raw u's scale s_y = sum_k u[k, y] per
+        class kept), and equal weights 1/K for a class whose u is 0 for every client."""
+        tempered = not paper and "teacher_over_clients" in state
+        over_clients = np.asarray(state["teacher_over_clients" if tempered else "over_clients"])
+        if aggregation != "label_weighted_raw":
+            return over_clients
+        u = np.asarray(state["u"], dtype=np.float64)
+        scale = u.sum(0, keepdims=True)
+        return np.where(scale > 0, over_clients * scale if tempered else u, 1.0 / u.shape[0])
+
+    @staticmethod
+    def teacher_weights(
+        state, aggregation: str, device, paper: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(client weights per target class (client_weights), per-class scaling of eq. 8 or None), both (K, C)."""
         as_tensor = lambda a: torch.as_tensor(a, dtype=torch.float32, device=device)  # noqa: E731
-        if aggregation == "label_weighted_raw":
-            return as_tensor(state["u"]), None
         over_classes = as_tensor(state["over_classes"]) if aggregation == "stratified_eq8" else None
-        return as_tensor(state["over_clients"]), over_classes
+        return as_tensor(FedHydra.client_weights(state, aggregation, paper)), over_classes
+
+    @staticmethod
+    def teacher_shares(state, aggregation: str, num_clients: int, num_classes: int) -> np.ndarray:
+        """(C,): per target class, the largest share one client holds of the run's teacher weight."""
+        if aggregation == "mean":
+            return np.full(num_classes, 1.0 / num_clients)
+        return max_client_share(FedHydra.client_weights(state, aggregation))
 
     def ensemble(self, state, teachers):
         if self.params.aggregation == "mean":

@@ -8,6 +8,19 @@ loss of every step is recorded and
 u_{k,j} = (max - min) / min of that curve (eq. 2). A model that knows class j drives the loss
 towards 0, so u is large; one that never saw j stays high and flat.
 
+`loss_variation` guards eq. 2. The paper writes u = (max - min) / min; the authors' code
+(Jun-B0518/ICDE2025-FL-SA@a7481f2, `helpers/synthesizers.py`, `interview`) computes exactly that
+in Python floats, with no guard: a curve whose minimum is 0 divides by zero (with their default
+`--oh 0` every loss is 0, so every u does), and a former guard here, (max - m) / m with
+m = max(min, 1e-12), gave u = -1 for a curve of zeros, a negative teacher weight. Here the
+numerator keeps the true minimum and only the denominator is clamped, at `MIN_LOSS` = 1e-6 (a
+float32 cross-entropy of one sample is 0 or at least about 1.2e-7, the step of 1 + x in float32:
+a loss under 1e-6 is a few steps of rounding, not information); points that are not finite (a
+diverged generator) are dropped. So u >= 0 and finite always: a flat curve, zeros included, gives
+0, and a curve reaching 0 gives (max - min) / 1e-6.
+A class whose u is 0 for every client is weighted equally over the clients
+(raysim.algorithms.oneshot.ensemble.normalise_over_clients).
+
 `rank_against_predictions` checks that reading on labelled test images: over the K x C cells, the
 rank correlation of u with how often client k predicts j (its bias towards j) and with its
 precision on j (how often it is right when it says j). A score that measures capability should
@@ -16,6 +29,7 @@ follow precision more than the rate.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -27,11 +41,18 @@ from torch import nn
 from raysim.algorithms.oneshot.augment import crop_flip
 from raysim.algorithms.oneshot.generator import Generator, reset_generator
 
+MIN_LOSS = 1e-6  # eq. 2's denominator is clamped here (module docstring)
+
 
 def loss_variation(losses: list[float]) -> float:
-    """Eq. 2: (max - min) / min of a loss curve."""
-    low = max(min(losses), 1e-12)
-    return (max(losses) - low) / low
+    """Eq. 2: (max - min) / min of a loss curve, guarded (module docstring): the finite points only,
+    the minimum clamped at MIN_LOSS in the denominator; >= 0 and finite, 0 for a flat curve or one
+    with fewer than two finite points."""
+    finite = [float(v) for v in losses if math.isfinite(v)]
+    if len(finite) < 2:
+        return 0.0
+    high, low = max(finite), min(finite)
+    return (high - low) / max(low, MIN_LOSS)
 
 
 def stratification_scores(

@@ -8,7 +8,7 @@ unknown key is an error before Ray starts, never silently ignored.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -138,6 +138,18 @@ class EvalConfig:
     # per client and `macs_server` per round in metrics.parquet. Off by default: the counting hook
     # slows every layer call a little; it changes no number.
     count_macs: bool = False
+    # Which round's model summary.json calls the run's result (selected_round, selected_accuracy),
+    # without the test set or server data: `final`, the last evaluated round; `federated`, the
+    # candidate round whose global model scores the highest accuracy on the clients' held-out
+    # shares (federated validation: `validation_accuracy` in metrics.parquet).
+    selection: Literal["final", "federated"] = "final"
+    # federated: the share of each client's data held out of its training for validation (seeded by
+    # the partition seed and the client: the same whatever the actors; each client keeps >= 1 example)
+    client_holdout: float = 0.1
+    # federated: the candidates are every select_every-th evaluated round, and the last round
+    select_every: int = 1
+    # federated: how many clients validate (a seeded sample, the same each time); 0: every client
+    select_clients: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,6 +331,17 @@ def validate(config: Config) -> None:
     need(
         0 < config.eval.validation_fraction < 1,
         f"eval.validation_fraction must be in (0, 1), got {config.eval.validation_fraction}",
+    )
+    need(
+        0 < config.eval.client_holdout < 1,
+        f"eval.client_holdout must be in (0, 1), got {config.eval.client_holdout}: the share of each "
+        "client's data held out for federated validation, e.g. 0.1",
+    )
+    need(config.eval.select_every >= 1, f"eval.select_every must be >= 1, got {config.eval.select_every}")
+    need(
+        0 <= config.eval.select_clients <= config.clients.num,
+        f"eval.select_clients must be in 0..clients.num={config.clients.num} (0: every client validates), "
+        f"got {config.eval.select_clients}",
     )
     need(config.output.checkpoint_every >= 1, "output.checkpoint_every must be >= 1")
 

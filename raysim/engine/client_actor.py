@@ -1,4 +1,8 @@
-"""A client actor hosts a fixed shard of virtual clients and keeps their data for the whole run."""
+"""A client actor hosts a fixed shard of virtual clients and keeps their data for the whole run.
+
+With eval.selection=federated each client also keeps a held-out share of its data (never trained on)
+and, at the server's candidate rounds, scores the global model on it (`validate`): counts only, in eval
+mode, no state changed and no random stream drawn."""
 
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.macs import counting
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
-from raysim.tensors import serialized_nbytes
+from raysim.tensors import load_weights, serialized_nbytes
+from raysim.training import evaluate
 
 
 def to_model_input(images: np.ndarray, mean: np.ndarray, std: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -45,6 +50,7 @@ class ClientRuntime:
         std: np.ndarray,
         state_dir: str | None,
         gpus: float = 0.0,
+        validation_indices: dict[int, np.ndarray] | None = None,
     ):
         self.config = config
         self.device = pick_device(gpus)
@@ -60,6 +66,14 @@ class ClientRuntime:
                 torch.from_numpy(y).to(self.device),
                 counts,
             )
+        # eval.selection=federated: each client's held-out share, (images, labels) on the device
+        self.validation: dict[int, tuple[torch.Tensor, torch.Tensor]] = {
+            client: (
+                to_model_input(train_x[idx], mean, std, self.device),
+                torch.from_numpy(np.asarray(train_y[idx], dtype=np.int64)).to(self.device),
+            )
+            for client, idx in (validation_indices or {}).items()
+        }
         self.states = ClientStateStore(state_dir)
         # Tells this process from the one Ray starts after a crash: the server counts restarts by it.
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -117,6 +131,25 @@ class ClientRuntime:
             "incarnation": self.incarnation,
         }
 
+    def validate(self, weights: dict[str, np.ndarray], clients: list[int]) -> dict[str, Any]:
+        """Federated validation: the global model (the server's architecture, `weights`) scored on
+        each of `clients`' held-out share. Returns each client's reply - correct predictions,
+        examples, summed cross-entropy - and this process's incarnation. Eval mode and no_grad: no
+        client state, batch-norm statistic or random stream changes."""
+        with torch.random.fork_rng(devices=[]):  # building the model (once) initialises weights: no draw kept
+            model = self.ctx.model("validation", self.config.model)
+        load_weights(model, weights)
+        batch = self.config.eval.batch_size
+        replies = []
+        for client in clients:
+            x, y = self.validation[client]
+            correct, loss_sum = 0, 0.0
+            if len(y):
+                accuracy, loss = evaluate(model, x, y, batch)
+                correct, loss_sum = round(accuracy * len(y)), loss * len(y)
+            replies.append({"client": client, "correct": correct, "count": len(y), "loss_sum": float(loss_sum)})
+        return {"replies": replies, "incarnation": self.incarnation}
+
     def run_clients(
         self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict[int, list], chunk_bytes: int
     ) -> Iterator[list[dict[str, Any]]]:
@@ -154,11 +187,16 @@ class ShardDepot:
 class ClientActor:
     def __init__(self, config, spec, depot_name: str, actor_index: int, *args, **kwargs):
         refs = ray.get(ray.get_actor(depot_name).shard.remote(actor_index))
-        train_x, train_y, client_indices = ray.get(refs)
-        self.runtime = ClientRuntime(config, spec, train_x, train_y, client_indices, *args, **kwargs)
+        train_x, train_y, client_indices, held_out = ray.get(refs)
+        self.runtime = ClientRuntime(
+            config, spec, train_x, train_y, client_indices, *args, validation_indices=held_out, **kwargs
+        )
 
     def info(self) -> dict[str, Any]:
         return self.runtime.info()
+
+    def validate(self, weights: dict[str, np.ndarray], clients: list[int]) -> dict[str, Any]:
+        return self.runtime.validate(weights, clients)
 
     def run_clients(
         self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict, chunk_bytes: int

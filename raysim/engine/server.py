@@ -7,6 +7,16 @@ One round (paper-agnostic):
   state   = algorithm.server_update(state, replies sorted by client id)
   evaluate the global weights on the test split; hand the round's results to the output callbacks
   (metrics.parquet, TensorBoard, checkpoint, summary.json: raysim.outputs.callbacks).
+
+Model selection without the test set (eval.selection): summary.json's selected_round is the last
+evaluated round (`final`), or (`federated`) the candidate round - every eval.select_every-th
+evaluated round and the last - whose global weights score the highest pooled accuracy on the
+validating clients' held-out shares (the earliest on a tie); selected_accuracy is that round's test
+accuracy. At a candidate round, after the test evaluation, the weights are put once in the object
+store, each actor hosting validating clients scores them on each client's share and replies with
+counts; the round logs validation_accuracy and validation_loss, and the bytes (the weights to each
+validating client, each reply) in bytes_down/bytes_up and, to take them out, in
+bytes_validation_down/bytes_validation_up.
 """
 
 from __future__ import annotations
@@ -37,9 +47,10 @@ from raysim.outputs.callbacks import (
     TensorBoardFile,
 )
 from raysim.outputs.run_dir import RunDir
+from raysim.partition import validating_clients
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
-from raysim.tensors import load_weights
+from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate, evaluate_by_group
 
 LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
@@ -100,6 +111,10 @@ class ServerRuntime:
         self.actors = actors
         self.client_actor = client_actor
         self.incarnations: dict[int, str] = {}  # actor index -> the process its last result came from
+        federated = config.eval.selection == "federated"
+        self.validators = (
+            validating_clients(config.clients.num, config.eval.select_clients, config.seed) if federated else []
+        )
         self.test_x = to_model_input(inputs.test_x, inputs.mean, inputs.std, self.device)
         self.test_y = torch.from_numpy(np.asarray(inputs.test_y, dtype=np.int64)).to(self.device)
         self.ctx.test_x, self.ctx.test_y = self.test_x, self.test_y
@@ -196,16 +211,25 @@ class ServerRuntime:
         t3 = time.perf_counter()
 
         values: dict[str, float] = {}
-        if round_index % config.eval.every == 0 or round_index == config.rounds:
+        evaluated = round_index % config.eval.every == 0 or round_index == config.rounds
+        if evaluated:
             values.update(self.evaluate())
+        validation: dict[str, float] = {}
+        if evaluated and self.is_candidate(round_index):
+            validation, validation_restarts = self.validate()
+            restarts += validation_restarts
         t4 = time.perf_counter()
 
         log = self.ctx.log.drain()
         values.update(log.scalars)
         values.update(
             {
-                "bytes_up": sum(results[k]["bytes_up"] for k in sampled) + sum(u for u, _ in log.replayed.values()),
-                "bytes_down": sum(bytes_down.values()) + sum(d for _, d in log.replayed.values()),
+                "bytes_up": sum(results[k]["bytes_up"] for k in sampled)
+                + sum(u for u, _ in log.replayed.values())
+                + validation.get("bytes_validation_up", 0),
+                "bytes_down": sum(bytes_down.values())
+                + sum(d for _, d in log.replayed.values())
+                + validation.get("bytes_validation_down", 0),
                 "participants": len(sampled),
                 "actor_restarts": restarts,
                 "time_broadcast_s": t1 - t0,
@@ -215,6 +239,7 @@ class ServerRuntime:
                 "time_eval_s": t4 - t3,
             }
         )
+        values.update(validation)
         if server_macs is not None:
             values["macs_server"] = server_macs.total
         client_values: list[tuple[int, str, float]] = []
@@ -288,6 +313,45 @@ class ServerRuntime:
                     live.remove(stream)
         return fetch, restarts
 
+    def is_candidate(self, round_index: int) -> bool:
+        """eval.selection=federated: an evaluated round whose model federated validation scores: every
+        eval.select_every-th evaluated round (in round numbers, a multiple of every * select_every)
+        and the last round."""
+        e = self.config.eval
+        if e.selection != "federated":
+            return False
+        return round_index % (e.every * e.select_every) == 0 or round_index == self.config.rounds
+
+    def validate(self) -> tuple[dict[str, float], int]:
+        """Federated validation of the global weights (put once in the object store) on the validating
+        clients' held-out shares, one task per actor hosting some: the pooled accuracy and mean loss,
+        the bytes each way, and how many of those actors were found restarted (a task lost with its
+        actor is retried by Ray: validation changes no state, so a retry gives the same counts)."""
+        weights = self.algorithm.global_weights(self.state)
+        ref, size = ray.put(weights), serialized_nbytes(weights)
+        by_actor: dict[int, list[int]] = {}
+        for k in self.validators:
+            by_actor.setdefault(self.client_actor[k], []).append(k)
+        answers = ray.get([self.actors[a].validate.remote(ref, clients) for a, clients in by_actor.items()])
+        del ref
+        restarts = 0
+        replies = []
+        for actor, answer in zip(by_actor, answers):
+            incarnation = answer["incarnation"]
+            restarts += self.incarnations.setdefault(actor, incarnation) != incarnation
+            self.incarnations[actor] = incarnation
+            replies += answer["replies"]
+        replies.sort(key=lambda r: r["client"])  # sums in client order, whatever the actors
+        count = sum(r["count"] for r in replies)
+        values = {
+            "validation_accuracy": sum(r["correct"] for r in replies) / count,
+            "validation_loss": sum(r["loss_sum"] for r in replies) / count,
+            "validation_clients": len(replies),
+            "bytes_validation_down": size * len(replies),
+            "bytes_validation_up": sum(serialized_nbytes(r) for r in replies),
+        }
+        return values, restarts
+
     def evaluate(self) -> dict[str, float]:
         model = self.ctx.model("eval")
         load_weights(model, self.algorithm.global_weights(self.state))
@@ -323,6 +387,7 @@ class ServerRuntime:
         # the best of the method's own models (Algorithm.own_model), the earliest round on a tie
         own = [(r, v) for r, v in accuracy if self.algorithm.own_model(self.state, r)] or accuracy
         best_round, best = max(own, key=lambda rv: (rv[1], -rv[0])) if own else (None, None)
+        selected_round, selected = self.selection(accuracy)
         return {
             "algorithm": self.config.algorithm.name,
             "dataset": self.config.dataset.name,
@@ -333,8 +398,13 @@ class ServerRuntime:
             "finished": finished,
             "final_accuracy": accuracy[-1][1] if accuracy else None,
             "final_loss": loss[-1][1] if loss else None,
+            # the best test accuracy over the evaluated rounds: chosen by looking at the test set
             "best_accuracy": best,
             "best_round": best_round,
+            # the model chosen without the test set (eval.selection), and its test accuracy
+            "selection": self.config.eval.selection,
+            "selected_round": selected_round,
+            "selected_accuracy": selected,
             # DynaFed's reported metric: the mean test accuracy of the last LAST_EVALUATIONS evaluations
             "last5_accuracy": float(np.mean([v for _, v in accuracy[-LAST_EVALUATIONS:]])) if accuracy else None,
             **(
@@ -344,6 +414,7 @@ class ServerRuntime:
             ),
             "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
             "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
+            **self.validation_bytes(),
             "wall_time_s": self.wall_time(),
             # the peak memory of a client actor's process and of the server's, in MiB (on CUDA: tensors
             # on the GPU), over this process's life (a resumed run: since it resumed)
@@ -352,6 +423,27 @@ class ServerRuntime:
             **self.domain_summary(),
             **self.ctx.log.summary,
             **self.algorithm.summary_extras(self.state),
+        }
+
+    def selection(self, accuracy: list[tuple[int, float]]) -> tuple[int | None, float | None]:
+        """(round, test accuracy) of the model eval.selection picks: `final`, the last evaluated round;
+        `federated`, the candidate round with the highest validation_accuracy, the earliest on a tie.
+        From the metrics history, so that a resumed run picks as an uninterrupted one."""
+        if self.config.eval.selection == "federated":
+            scores = self.metrics.server_values("validation_accuracy")
+            if not scores:
+                return None, None
+            chosen = max(scores, key=lambda rv: (rv[1], -rv[0]))[0]
+            return chosen, dict(accuracy).get(chosen)
+        return accuracy[-1] if accuracy else (None, None)
+
+    def validation_bytes(self) -> dict[str, int]:
+        """With federated selection: the part of bytes_up and bytes_down that validation moved."""
+        if self.config.eval.selection != "federated":
+            return {}
+        return {
+            key: sum(v for _, v in self.metrics.server_values(key))
+            for key in ("bytes_validation_up", "bytes_validation_down")
         }
 
     def client_models(self) -> dict[str, Any]:

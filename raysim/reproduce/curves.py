@@ -38,16 +38,18 @@ X_LABELS = {
 
 def method_styles(table) -> dict[str, dict[str, Any]]:
     """Each of the table's methods' colour and line style, the same in every panel and picture: up to
-    10 methods tab10's colours with solid lines; beyond, tab20's lighter shades with dashed lines,
-    so that no two of the benchmark's 18 methods look alike."""
+    10 methods tab10's colours with solid lines; beyond, tab20's colours, each ten methods in a line
+    style of their own (solid, dashed, dotted, dash-dot), so that no two of the benchmark's methods
+    look alike."""
     from matplotlib import colormaps
 
     names = list(table.methods)
     if len(names) <= 10:
         return {name: {"color": colormaps["tab10"](i), "linestyle": "-"} for i, name in enumerate(names)}
     tab20 = colormaps["tab20"]
+    styles = ("-", "--", ":", "-.")
     return {
-        name: {"color": tab20((2 * i) % 20 + (i >= 10)), "linestyle": "--" if i >= 10 else "-"}
+        name: {"color": tab20((2 * i) % 20 + (i // 10) % 2), "linestyle": styles[(i // 10) % len(styles)]}
         for i, name in enumerate(names)
     }
 

@@ -55,10 +55,12 @@ from raysim.config import Config, build_dataclass, read_yaml
 from raysim.config.files import ROOT as CONFIGS_ROOT
 from raysim.config.files import resolve
 from raysim.errors import RaysimError, need
+from raysim.reproduce.paper_orderings import PaperOrdering
+from raysim.reproduce.paper_orderings import check as check_paper_ordering
 
 TABLES_DIR = CONFIGS_ROOT / "tables"
 Scale = Literal["cpu", "paper"]
-Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy"]
+Metric = Literal["last5_accuracy", "final_accuracy", "best_accuracy", "selected_accuracy"]
 # a figure's x axis: rounds, cumulative megabytes moved up and down, cumulative compute, or the
 # Pareto picture of the table's figure against the megabytes moved in all (raysim.reproduce.curves)
 Axis = Literal["rounds", "mb", "compute", "pareto"]
@@ -87,6 +89,9 @@ class Method:
     label: str = ""
     algorithm: dict[str, Any] | None = None  # replaces the config's algorithm section
     overrides: dict[str, Any] = field(default_factory=dict)  # dotted keys, for this method alone
+    # the reading it is ranked by on a leaderboard, where not the table's `metric` (one-shot methods:
+    # a model chosen without the test set)
+    metric: Metric | None = None
     name: str = field(default="", init=False)  # its key in the table
 
     def __post_init__(self):
@@ -151,6 +156,8 @@ class Table:
     extra: dict[str, Extra | None] = field(default_factory=dict)  # summary.json key (dotted) -> how it is shown
     figures: list[Axis] = field(default_factory=lambda: ["rounds"])  # accuracy against each axis, per cell
     leaderboard: bool = False  # per cell, methods ranked by `metric` beside their bytes, compute and memory
+    # sections setting a paper's ordering beside this table's (raysim.reproduce.paper_orderings)
+    paper_orderings: dict[str, PaperOrdering] = field(default_factory=dict)
     name: str = field(default="", init=False)
     path: Path = field(default=Path(), init=False)
 
@@ -192,6 +199,14 @@ class Table:
         for key, extra in self.extra.items():
             extra.label = extra.label or key
         need(bool(self.figures) and len(set(self.figures)) == len(self.figures), "figures: each axis at most once")
+        for name, ordering in self.paper_orderings.items():
+            ordering.name = str(name)
+            paper = load_table(ordering.table)
+            check_paper_ordering(ordering, set(self.cells), set(self.methods), set(paper.cells))
+
+    def metric_of(self, method: str) -> str:
+        """The reading `method` is ranked by: its own (Method.metric) or the table's."""
+        return self.methods[method].metric or self.metric
 
     def cell_orderings(self, cell: Cell) -> list[tuple[str, str]]:
         """The orderings checked in `cell`: the table's, where the paper gives both figures (in a

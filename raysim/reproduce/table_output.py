@@ -17,11 +17,29 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import RaysimError
+from raysim.reproduce import paper_orderings
 from raysim.reproduce.runs import PlannedRun, is_finished
-from raysim.reproduce.table_file import METRICS, Table
+from raysim.reproduce.table_file import METRICS, Table, load_table
 from raysim.results import RunRecord, Stat, cost_to, mb_moved, read_run, rounds_to, stat
 
-SHORT = {"last5_accuracy": "last-5", "final_accuracy": "final", "best_accuracy": "best"}
+# Each reading's key in table.csv and the rows (`best`: the best test accuracy over the rounds;
+# `selected`: the test accuracy of the model eval.selection chose without the test set) ...
+SHORT = {
+    "last5_accuracy": "last-5",
+    "final_accuracy": "final",
+    "best_accuracy": "best",
+    "selected_accuracy": "selected",
+}
+# ... and its heading in table.md, where the reader is told which figure looked at the test set.
+LABEL = {**SHORT, "best_accuracy": "best (test-selected)"}
+
+
+def reading(record: RunRecord, key: str) -> float | None:
+    """A summary.json number; selected_accuracy of a run made before it existed is its final
+    accuracy (the model it selected, eval.selection=final)."""
+    if key == "selected_accuracy" and "selection" not in record.summary:
+        key = "final_accuracy"
+    return record.value(key)
 
 
 @dataclass
@@ -37,10 +55,10 @@ class Measured:
 
     def values(self, key: str, scale: float = 100.0) -> list[float]:
         """The seeds' summary.json numbers under `key`, times `scale` (accuracies in percent)."""
-        return [v * scale for r in self.records if (v := r.value(key)) is not None]
+        return [v * scale for r in self.records if (v := reading(r, key)) is not None]
 
     def by_seed(self, metric: str) -> dict[int, float]:
-        return {seed: 100 * v for seed, r in zip(self.seeds, self.records) if (v := r.value(metric)) is not None}
+        return {seed: 100 * v for seed, r in zip(self.seeds, self.records) if (v := reading(r, metric)) is not None}
 
     def stat(self, key: str, scale: float = 100.0) -> Stat:
         return stat(self.values(key, scale))
@@ -194,10 +212,11 @@ def leaderboard_rows(
         ranked = []
         for method in methods:
             m = measured.get((cell_name, method), Measured())
-            figure = m.stat(table.metric)
+            figure = m.stat(table.metric_of(method))
             if figure.mean is None:
                 continue
             row: dict[str, Any] = {"cell": cell_name, "method": method, "seeds": figure.n}
+            row["reading"] = SHORT[table.metric_of(method)]
             row["mean"], row["std"] = figure.mean, figure.std
             for metric in METRICS:
                 row[SHORT[metric]] = m.stat(metric).mean
@@ -222,13 +241,22 @@ def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]
         mine = [r for r in rows if r["cell"] == cell_name]
         targets = list(dict.fromkeys(t for r in mine for t in r["mb_to"]))
         key = SHORT[table.metric]
-        headings = [f"{key} (%)", "best", "final", "MB up / down", "MB in all"]
+        mixed = any(r["reading"] != key for r in mine)
+        headings = ["ranked by (%)" if mixed else f"{key} (%)", LABEL["best_accuracy"], "final"]
+        headings += ["MB up / down", "MB in all"]
         headings += [f"MB to {float(t) * 100:g}%" for t in targets]
         headings += [h for _, h, _, _ in SPENT] + [h for _, h, _, _, _ in READINGS[2:]]
-        lines += ["", f"Leaderboard, {table.cells[cell_name].label} (ranked by {key}; spending: mean over seeds):", ""]
+        readings = ", ".join(f"{r['reading']}: {table.methods[r['method']].label}" for r in mine if r["reading"] != key)
+        ranked_by = f"{key}; {readings}" if mixed else key
+        lines += [
+            "",
+            f"Leaderboard, {table.cells[cell_name].label} (ranked by {ranked_by}; spending: mean over seeds):",
+            "",
+        ]
         lines += [f"| # | method | {' | '.join(headings)} | seeds |", "|---|---|" + "---|" * (len(headings) + 1)]
         for r in mine:
-            cells = [shown(r["mean"], r["std"]), _number(r["best"]), _number(r["final"])]
+            figure = shown(r["mean"], r["std"]) + (f" ({r['reading']})" if mixed else "")
+            cells = [figure, _number(r["best"]), _number(r["final"])]
             cells += [f"{_number(r['mb_up'])} / {_number(r['mb_down'])}", _number(r["mb"])]
             cells += [_spent(r["mb_to"].get(t, "-")) for t in targets]
             cells += [_number(r[k]) for k, _, _, _ in SPENT]
@@ -236,6 +264,32 @@ def _leaderboard_markdown(table: Table, rows: list[dict[str, Any]]) -> list[str]
             lines.append(f"| {r['rank']} | {table.methods[r['method']].label} | {' | '.join(cells)} | {r['seeds']} |")
         lines += _diverged_note(table, mine)
     return lines
+
+
+def paper_orderings_markdown(
+    table: Table, measured: dict[tuple[str, str], Measured], cells: list[str], methods: list[str]
+) -> str:
+    """The table's `paper_orderings` sections (raysim.reproduce.paper_orderings), each method read by
+    the reading it is ranked by (Table.metric_of)."""
+    if not table.paper_orderings:
+        return ""
+    means = {}
+    for cell in cells:
+        for method in methods:
+            value = measured.get((cell, method), Measured()).stat(table.metric_of(method)).mean
+            if value is not None:
+                means[(cell, method)] = value
+    labels = {name: m.label for name, m in table.methods.items()}
+    cell_labels = {name: c.label for name, c in table.cells.items()}
+    reading = SHORT[table.metric] + (
+        " (a method's own reading where it has one)" if any(m.metric for m in table.methods.values()) else ""
+    )
+    papers = {
+        name: paper_orderings.paper_figures(o, load_table(o.table).cells[o.cell].paper)
+        for name, o in table.paper_orderings.items()
+    }
+    lines = paper_orderings.markdown(table.paper_orderings, papers, means, labels, cell_labels, reading)
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _diverged_note(table: Table, rows: list[dict[str, Any]]) -> list[str]:
@@ -298,7 +352,9 @@ def write_outputs(
     orderings = ordering_rows(table, measured, cells, methods)
     rounds = rounds_rows(table, measured, cells, methods)
     board = leaderboard_rows(table, measured, cells, methods) if table.leaderboard else []
-    write_text(out / TABLE_FILES[0], markdown(table, scale, rows, orderings, rounds, command, board))
+    text = markdown(table, scale, rows, orderings, rounds, command, board)
+    text += paper_orderings_markdown(table, measured, cells, methods)
+    write_text(out / TABLE_FILES[0], text)
     write_text(out / TABLE_FILES[1], as_csv(table, scale, rows, orderings, rounds, board))
     header = "# Written by raysim reproduce: each run keeps its record here, not what resumes it.\n"
     write_text(out / GITIGNORE, header + "".join(f"{name}\n" for name in BEYOND_RECORD))
@@ -320,7 +376,9 @@ def markdown(
     command: str = "",
     board: list[dict[str, Any]] = (),
 ) -> str:
-    keys = [SHORT[table.metric]] + [SHORT[m] for m in METRICS if m != table.metric]
+    metrics = [table.metric] + [m for m in METRICS if m != table.metric]
+    keys = [SHORT[m] for m in metrics]
+    labels = [LABEL[m] for m in metrics]
     lines = [f"# {table.title}", ""]
     if command:
         lines += ["```bash", command, "```", ""]
@@ -328,10 +386,10 @@ def markdown(
         lines += _leaderboard_markdown(table, board)[1:] + ["", "All figures:", ""]
     lines += [
         f"Table `{table.name}` at {scale} scale ({table.source}). Accuracy in percent: mean +- std over the "
-        f"finished seeds (sample std, n = seeds); the paper's figure is at its own scale. Per seed: {keys[0]}.",
+        f"finished seeds (sample std, n = seeds); the paper's figure is at its own scale. Per seed: {labels[0]}.",
         "",
-        f"| cell | method | paper | {' | '.join(keys)} | per seed | seeds | wall (min) | MB moved |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| cell | method | paper | {' | '.join(labels)} | per seed | seeds | wall (min) | MB moved |",
+        "|---|---|---|" + "---|" * len(labels) + "---|---|---|---|",
     ]
     for r in rows:
         measured = " | ".join(shown(r[f"{k}_mean"], r[f"{k}_std"]) for k in keys)
@@ -360,7 +418,7 @@ def markdown(
     if orderings:
         lines += [
             "",
-            f"Orderings ({keys[0]}, seed by seed):",
+            f"Orderings ({labels[0]}, seed by seed):",
             "",
             "| cell | ordering | paper | holds in the paper | holds here |",
             "|---|---|---|---|---|",
