@@ -630,3 +630,22 @@ def test_use_condensed_none_without_pretraining_condenses_and_uploads_no_set(tmp
     assert ups and all(0 < up - shared < 400 + classifier for up in ups)
     assert all(v == 0 for (_, _, metric), v in values.items() if metric == "received_images")
     assert not any(metric == "condense_loss" for (_, _, metric) in values)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "trains_copy"),
+    [
+        ({}, True),  # eq. 4's selection reads M
+        ({"algorithm.selection": "random"}, True),  # CKA groups still read M
+        ({"algorithm.selection": "random", "algorithm.grouping": "random"}, False),
+        ({"algorithm.selection": "random", "algorithm.use_condensed": "none", "algorithm.pretrain_rounds": 0}, False),
+    ],
+)
+def test_a_late_first_timer_trains_a_copy_of_w0_only_where_cka_decides_something(overrides, trains_copy):
+    """cka_on: initial sends w^0 to a client first seen after the model left it, so that M compares
+    classifiers trained from one start: work and bytes spent only where M picks clients or groups."""
+    dcfl = _dcfl(**{"algorithm.cka_on": "initial", **overrides})
+    state = {"weights": {}, "initial": {}, "seen": [0], "cka": np.full((6, 6), np.nan), "pool": {}, "held": {}}
+    out = dcfl.broadcast(state, 5, [0, 1])
+    sent = {k: set(part) for group, part in out.addressed for k in group}
+    assert ("cka_from" in sent.get(1, set())) is trains_copy

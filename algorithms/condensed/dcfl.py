@@ -372,6 +372,13 @@ class DCFL(Algorithm):
         batches (train_dsa) and CKA or random selection."""
         return self.pretraining(round_index) or self.params.use_condensed != "none"
 
+    def uses_cka(self) -> bool:
+        """Whether M decides anything: eq. 4's selection, or groups drawn by CKA for condensed sets that
+        are sent. Without it a late first-timer trains no copy of w^0 for M (`cka_on: initial`): M is
+        then a diagnostic only, and its rows for such clients compare the classifier they returned."""
+        p = self.params
+        return p.selection == "cka" or (p.use_condensed != "none" and p.grouping != "random")
+
     def left_initial(self, round_index: int) -> bool:
         """Whether the round's global model differs from w^0: it changes at the end of pre-training
         (round M, the pool always holds round 1's sets) or, without pre-training, after round 1."""
@@ -407,7 +414,7 @@ class DCFL(Algorithm):
         out = Broadcast({"weights": state["weights"]})
         first = [k for k in participants if k not in state["seen"]]
         part = {"condense": True} if first and self.condenses(round_index) else {}
-        if first and self.params.cka_on == "initial" and self.left_initial(round_index):
+        if first and self.params.cka_on == "initial" and self.left_initial(round_index) and self.uses_cka():
             part["cka_from"] = state["initial"]  # M's classifier comes from w^0 (module docstring)
         if part:
             out.to(first, part)
