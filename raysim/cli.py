@@ -28,6 +28,7 @@ def _run(args: argparse.Namespace) -> int:
 
     _check_address(args.address)  # before anything is read or created
     had_lock_file = True  # a resume of a directory received without one: removed again if it is refused
+    had_data_file = True  # likewise its data.json, written at the start of a resume that records none
     if args.resume:
         if args.config and "=" not in args.config:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
@@ -37,9 +38,10 @@ def _run(args: argparse.Namespace) -> int:
             resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
         )
         had_lock_file = os.path.lexists(run_dir.lock_file)
+        had_data_file = os.path.lexists(run_dir.data_file)
         lock_run_dir(run_dir)  # a run that is still going on keeps its directory
         try:
-            experiment = _resumable(run_dir, config)
+            experiment = _resumable(run_dir, config, args.accept_data)
         except RaysimError:
             if not had_lock_file:  # refused: the directory is left as it was received
                 unlock_and_remove(run_dir)
@@ -52,24 +54,37 @@ def _run(args: argparse.Namespace) -> int:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
         from raysim.config.named import load_named_config
+        from raysim.outputs.received import received_run_dir
         from raysim.reproduce import check_cell_name
         from raysim.runner import prepare
 
         check_cell_name(args.config, "raysim run")  # a cell's scale is its name's last part here
-        config = load_named_config(args.config, args.overrides)
+        if args.out:
+            from raysim.outputs.received import check_fresh_out
+
+            check_fresh_out(Path(args.out))  # before the data are read: nothing is created in a refused folder
+        received = received_run_dir(args.config) if Path(args.config).is_file() else None
+        if received is not None:  # a run directory's config: no code, no say in where the run goes
+            from raysim.outputs.received import load_received_config
+
+            config = load_received_config(
+                Path(args.config), received, args.overrides, args.allow_code, out_given=bool(args.out)
+            )
+        else:
+            config = load_named_config(args.config, args.overrides)
 
         experiment = prepare(config)  # bad data or partition fails before a run directory appears
         run_dir = new_run_dir(config, args.out)
     try:
-        run_with_progress(config, run_dir, args.address, experiment)
+        run_with_progress(config, run_dir, args.address, experiment, accept_data=args.accept_data)
     except KeyboardInterrupt:
         print(f"interrupted: finished rounds are kept; continue with 'raysim run --resume {run_dir}'", file=sys.stderr)
         return 130
     except RaysimError:
         if not args.resume:  # refused before its first round (e.g. resources): the same --out works again
             discard_unstarted_run(run_dir)
-        elif not had_lock_file:
-            unlock_and_remove(run_dir)
+        else:
+            _leave_as_received(run_dir, had_lock_file, had_data_file)
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from raysim.runner import failure_message
@@ -79,30 +94,48 @@ def _run(args: argparse.Namespace) -> int:
             raise
         if refused_at_start and not args.resume:
             discard_unstarted_run(run_dir)
-        elif refused_at_start and not had_lock_file:
-            unlock_and_remove(run_dir)
+        elif refused_at_start:
+            _leave_as_received(run_dir, had_lock_file, had_data_file)
         raise RaysimError(message) from None
     return 0
 
 
-def _resumable(run_dir, config):
+def _leave_as_received(run_dir, had_lock_file: bool, had_data_file: bool) -> None:
+    """A refused resume removes what it added to the directory: its .lock, and the data.json written
+    at its start for a run that recorded none."""
+    from raysim.outputs.run_lock import unlock_and_remove
+
+    if not had_data_file:
+        run_dir.data_file.unlink(missing_ok=True)
+    if not had_lock_file:
+        unlock_and_remove(run_dir)
+
+
+def _resumable(run_dir, config, accept_data: bool = False):
     """The experiment a resume continues, after every check that needs no Ray (the checkpoint is
     readable and holds this run's model, the data at hand are those it ran on); None when the run
     has finished all its rounds (said on stdout)."""
-    from raysim.runner import check_data, prepare
+    from raysim.runner import check_data, check_unrecorded_data, prepare
 
     checkpoint = run_dir.read_checkpoint()  # an unreadable checkpoint is refused here, before Ray starts
     done = 0 if checkpoint is None else int(checkpoint["round"])
     if done >= config.rounds:
-        print(
-            f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
-            f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
-        )
+        if done > config.rounds:
+            print(
+                f"'{run_dir}' has {done} rounds done, more than the {config.rounds} asked: nothing to run "
+                f"(add rounds with 'raysim run --resume {run_dir} rounds={done + 10}')"
+            )
+        else:
+            print(
+                f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
+                f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
+            )
         return None
     experiment = prepare(config)
     check_data(run_dir, experiment.data, config.dataset.root)
     if checkpoint is not None:
         _check_checkpoint_model(run_dir, checkpoint, experiment)
+    check_unrecorded_data(run_dir, experiment.data, accept_data)
     return experiment
 
 
@@ -147,8 +180,8 @@ def _resume_config_without_code(run_dir, overrides: list[str]):
     """The config of a run directory that may come from someone else, refused (one line) where
     resuming it could run code the user has not vouched for with --allow-code: user code it names
     (algorithm, model factories, clients' models), or a working directory inside the run directory
-    (Ray puts the driver's working directory on every worker's import path)."""
-    from raysim.config import client_architectures
+    (raysim.outputs.received: the same rule as a received config given to a fresh run)."""
+    from raysim.outputs.received import refuse_code
     from raysim.plugins import user_code_refused
     from raysim.runner import resume_config
 
@@ -158,18 +191,7 @@ def _resume_config_without_code(run_dir, overrides: list[str]):
     )
     with user_code_refused(why):  # the algorithm class is imported while the config is read
         config = resume_config(run_dir, overrides)
-    for key, name in [("model.name", config.model.name)] + [
-        ("clients.models", m.name) for m in client_architectures(config)
-    ]:
-        if ":" in name:
-            raise RaysimError(f"{key}='{name}' is user code, {why}")
-    here, inside = Path.cwd().resolve(), run_dir.path.resolve()
-    if here == inside or inside in here.parents:
-        raise RaysimError(
-            f"resume '{run_dir}' from outside it (e.g. cd {inside.parent} && raysim run --resume {inside.name}): "
-            "Ray puts the working directory on its workers' import path, so files shipped in a run "
-            "directory could run; or add --allow-code if you wrote or trust this run"
-        )
+    refuse_code(config, run_dir.path, why, "resume")
     return config
 
 
@@ -179,6 +201,10 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     from raysim.partition import format_counts
     from raysim.runner import prepare
 
+    if args.plot:
+        from raysim.report import check_plot_file
+
+        check_plot_file(Path(args.plot))
     config = load_config(resolve(args.config), args.overrides)
     exp = prepare(config)
     print(
@@ -252,10 +278,13 @@ def _cmd_data(args: argparse.Namespace) -> int:
 
         for name in args.names:
             entry(name)  # every name known before anything is downloaded
+        if args.timeout is not None and not args.timeout > 0:
+            raise RaysimError(f"--timeout {args.timeout}: give the seconds a dataset's get may take, more than 0")
         mirror = mirror_base(args.mirror)
+        timeout = {} if args.timeout is None else {"timeout_s": args.timeout}
         for name in dict.fromkeys(args.names):
             try:
-                folder, got = get(name, home, mirror, bar=sys.stderr.isatty())
+                folder, got = get(name, home, mirror, bar=sys.stderr.isatty(), **timeout)
             except KeyboardInterrupt:
                 print(
                     f"interrupted: run 'raysim data get {name}' again to go on from where it stopped", file=sys.stderr
@@ -411,8 +440,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args.which, args.extra)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("raysim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysim", description="Federated-learning simulator on Ray")
+    parser.add_argument("--version", action="version", version=f"raysim {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment (or continue one with --resume)")
@@ -428,8 +467,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allow-code",
         action="store_true",
-        help="with --resume: import the user code (package.module:name) the run's config names; "
-        "without it a received run directory cannot run code",
+        help="import the user code (package.module:name) that a run directory's config names (with --resume, "
+        "or a CONFIG inside a run's folder); without it a received run directory cannot run code",
+    )
+    run.add_argument(
+        "--accept-data",
+        action="store_true",
+        help="with --resume of a run whose data.json is missing: go on with the config's data even where "
+        "its checkpoint was trained on another dataset (its data.json is then written anew)",
     )
     run.set_defaults(func=_cmd_run)
 
@@ -459,6 +504,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--mirror",
         help="base URL serving the archives as URL/<dataset>/<file> (default: RAYSIM_DATA_MIRROR, else "
         "the official locations); the checksums are raysim's whatever serves them",
+    )
+    data.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="the most one dataset's get may take, however slowly its server sends (default 4 hours); "
+        "what came is kept for the next get",
     )
     data.set_defaults(func=_cmd_data)
     configs = sub.add_parser(

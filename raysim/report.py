@@ -126,9 +126,10 @@ def report(run_dirs: list[str]) -> str:
     rows = []
     for members in groups.values():
         summaries = [s for _, s, _ in members]
+        unfinished = sum(1 for s in summaries if s.get("finished") is False)
         rows.append(
             [
-                label(members[0][2], differing),
+                label(members[0][2], differing) + (f" [{unfinished} unfinished]" if unfinished else ""),
                 str(len(members)),
                 mean_std([s["final_accuracy"] for s in summaries]),
                 mean_std([selected_accuracy(s) for s in summaries]),
@@ -146,12 +147,22 @@ def report(run_dirs: list[str]) -> str:
             rows[-1].insert(at, mean_std([s.get("final_domain_accuracy_mean") for s in summaries]))
         rows[-1][at:at] = [mean_std([s.get(key) for s in summaries]) for key in one_shot]
     text = table(header, rows)
-    notes = repeats + [
-        line
-        for members in groups.values()
-        for run_dir, summary, config in members
-        if (line := diverged_note(RunRecord(run_dir, summary, config)))
-    ]
+    notes = (
+        repeats
+        + [
+            f"{run_dir} is unfinished ({summary.get('rounds')} of {summary.get('rounds_planned', '?')} rounds): "
+            f"its figures are those of its last round so far (continue it with 'raysim run --resume {run_dir}')"
+            for members in groups.values()
+            for run_dir, summary, _ in members
+            if summary.get("finished") is False
+        ]
+        + [
+            line
+            for members in groups.values()
+            for run_dir, summary, config in members
+            if (line := diverged_note(RunRecord(run_dir, summary, config)))
+        ]
+    )
     if notes:
         text += "\n" + "\n".join(f"note: {line}" for line in notes)
     clients = client_table(groups, differing)
@@ -221,9 +232,19 @@ PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 def check_plot_path(path: str | Path) -> Path:
     path = Path(path)
+    check_plot_file(path)
     if path.suffix.lower() not in PLOT_FORMATS:
         raise RaysimError(f"--plot {path}: the file name must end in {', '.join(PLOT_FORMATS)}")
     return path
+
+
+def check_plot_file(path: Path) -> None:
+    """--plot names a file that can be written: not a folder, not under a file."""
+    if path.is_dir():
+        raise RaysimError(f"--plot {path} is a folder: give a file name in it (e.g. {path / 'plot.png'})")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise RaysimError(f"--plot {path}: '{parent}' is a file, not a folder: give another path")
 
 
 def report_figure(run_dirs: list[str]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -119,16 +120,43 @@ def _refuse_other_data(run_dir: RunDir, recorded: DataIdentity | None, identity:
         )
 
 
-def record_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
+def check_unrecorded_data(run_dir: RunDir, identity: DataIdentity, accept_data: bool) -> None:
+    """A run with a checkpoint but no data.json (removed, or made by an older raysim) goes on only on
+    the dataset its checkpoint says it trained on, or with --accept-data: its data identity is never
+    recorded anew over a config whose dataset was changed."""
+    if accept_data or run_dir.read_data() is not None:
+        return
+    checkpoint = run_dir.read_checkpoint()
+    if checkpoint is None:
+        return
+    trained_on = checkpoint.get("dataset")
+    if trained_on == identity.name:
+        return
+    said = (
+        f"its checkpoint was trained on '{trained_on}'"
+        if isinstance(trained_on, str)
+        else ("its checkpoint does not say what data it was trained on")
+    )
+    raise RaysimError(
+        f"'{run_dir}' records no data ({run_dir.data_file.name} is missing) and {said}, but its config now reads "
+        f"'{identity.name}': put back its {run_dir.data_file.name}, or add --accept-data if {identity.describe()} "
+        "are the data it ran on"
+    )
+
+
+def record_data(run_dir: RunDir, identity: DataIdentity, root: str | None, accept_data: bool = False) -> None:
     """data.json at the run's start; a resumed run is checked against it first. A run that records
-    none (made before raysim recorded its data) cannot be checked: said in one line, then recorded."""
+    none (made before raysim recorded its data, or its data.json removed) goes on only on the dataset
+    its checkpoint was trained on, or with --accept-data (check_unrecorded_data): said in one line,
+    then recorded."""
     recorded = run_dir.read_data()
     if recorded is not None:
         _refuse_other_data(run_dir, recorded, identity, root)
         return
+    check_unrecorded_data(run_dir, identity, accept_data)
     if run_dir.checkpoint_file.exists() or run_dir.previous_checkpoint_file.exists():
         print(
-            f"note: '{run_dir}' records no data (made by an older raysim): the data at hand, "
+            f"note: '{run_dir}' records no data (no data.json): the data at hand, "
             f"{identity.describe()}, are recorded now and cannot be checked against what it ran on",
             file=sys.stderr,
         )
@@ -180,8 +208,17 @@ def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:
     return owner
 
 
+# Fresh run directories this process made: (resolved path) -> what was there before (folder, data.json,
+# .lock), so that a run refused before its first round removes only what it added.
+_fresh: dict[Path, tuple[bool, bool, bool]] = {}
+
+
 def new_run_dir(config: Config, out: str | None) -> RunDir:
-    """The run's folder, created and locked: --out, or a new one under output.dir named after the run."""
+    """The run's folder, created and locked: --out, or a new one under output.dir named after the run.
+    A folder holding what a run writes is refused before anything is created in it
+    (raysim.outputs.received.check_fresh_out)."""
+    from raysim.outputs.received import check_fresh_out
+
     if out:
         path = Path(out)
     else:
@@ -193,6 +230,8 @@ def new_run_dir(config: Config, out: str | None) -> RunDir:
             raise RaysimError(
                 f"--out '{run_dir}': '{parent}' is a file, not a folder: give a new or existing folder for the run"
             )
+    check_fresh_out(path)
+    before = (path.is_dir(), run_dir.data_file.exists(), run_dir.lock_file.exists())
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -205,15 +244,31 @@ def new_run_dir(config: Config, out: str | None) -> RunDir:
         raise RaysimError(
             f"'{run_dir}' already holds a run: continue it with 'raysim run --resume {run_dir}' or choose another --out"
         )
+    _fresh[path.resolve()] = before
     return run_dir
 
 
 def discard_unstarted_run(run_dir: RunDir) -> None:
-    """Remove the run directory this process created when nothing ran in it (it holds no more than
-    its config and lock), so that the same --out works again."""
-    if run_dir.is_unstarted():
-        unlock_run_dir(run_dir)
-        run_dir.remove_unstarted()
+    """Remove what this process added to a fresh run directory in which no round ran (its config,
+    data record and lock; the folder if it made it), so that the same --out works again and a folder
+    that was there is left as it was."""
+    from raysim.outputs.received import WRITTEN_BY_A_RUN
+
+    before = _fresh.pop(run_dir.path.resolve(), None)
+    if before is None or any(os.path.lexists(run_dir.path / name) for name in WRITTEN_BY_A_RUN):
+        return
+    had_folder, had_data, had_lock = before
+    unlock_run_dir(run_dir)
+    run_dir.config_file.unlink(missing_ok=True)
+    if not had_data:
+        run_dir.data_file.unlink(missing_ok=True)
+    if not had_lock:
+        run_dir.lock_file.unlink(missing_ok=True)
+    if not had_folder:
+        try:
+            run_dir.path.rmdir()
+        except OSError:
+            pass
 
 
 # Keys of a stored config that say where (or how) to reach a Ray cluster. A run directory may come
@@ -301,8 +356,11 @@ def run_experiment(
     address: str | None = None,
     callbacks: list[Callback] = (),
     experiment: Experiment | None = None,
+    accept_data: bool = False,
 ) -> dict[str, Any]:
     """Run (or continue) the experiment in `run_dir` and return its summary: the round loop.
+    `accept_data`: a resume of a run that records no data.json goes on with the data at hand even
+    where its checkpoint names another dataset (--accept-data).
 
     The run directory's outputs are the server's callbacks; `callbacks` run here, on the driver,
     with the same results (progress bars, Tune reports, benchmarks, fault tests). Their
@@ -311,7 +369,7 @@ def run_experiment(
     exp = experiment or prepare(config)
     run_dir = RunDir(run_dir)
     with owning(run_dir):
-        record_data(run_dir, exp.data, config.dataset.root)  # before Ray starts: a refusal is one line
+        record_data(run_dir, exp.data, config.dataset.root, accept_data)  # before Ray starts: a refusal is one line
         return _drive(config, exp, run_dir, address, callbacks)
 
 
@@ -507,13 +565,17 @@ def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:
 
 
 def run_with_progress(
-    config: Config, run_dir: Path | RunDir, address: str | None = None, experiment: Experiment | None = None
+    config: Config,
+    run_dir: Path | RunDir,
+    address: str | None = None,
+    experiment: Experiment | None = None,
+    accept_data: bool = False,
 ) -> dict[str, Any]:
     """run_experiment with a progress bar on stderr and the one-line summary on stdout."""
     exp = experiment or prepare(config)
     bar = ProgressBar(run_dir.name, run_dir)
     try:
-        summary = run_experiment(config, run_dir, address, callbacks=[bar], experiment=exp)
+        summary = run_experiment(config, run_dir, address, callbacks=[bar], experiment=exp, accept_data=accept_data)
     finally:
         bar.close()
     print(one_line_summary(summary, run_dir))

@@ -191,7 +191,7 @@ def test_a_full_disk_is_one_line_and_the_downloads_are_kept(served_mnist, capsys
     real = __import__("raysim.data.download", fromlist=["_download"])._download
     calls = []
 
-    def fills_up(url, part, label, bar):  # the third archive meets a full disk
+    def fills_up(url, part, label, bar, deadline=None):  # the third archive meets a full disk
         calls.append(url)
         if len(calls) == 3:
             raise OSError(errno.ENOSPC, "No space left on device")

@@ -118,7 +118,7 @@ def test_fedhydra_teacher_is_the_papers_by_default_and_tempered_on_request():
         algorithm(**{"algorithm.stratify_temperature": 0})
     with pytest.raises(RaysimError, match="'algorithm.stratify_weighting' must be one of paper, tempered, got 'soft'"):
         algorithm(**{"algorithm.stratify_weighting": "soft"})
-    stored = read_yaml(ROOT / "experiments/benchmark/benchmark/fmnist_ck2/fedhydra/s0/config.yaml")
+    stored = read_yaml(ROOT / "experiments/oneshot/fedhydra_teacher/fmnist_alpha0.1/fedhydra/s0/config.yaml")
     assert "stratify_weighting" not in stored["algorithm"]
     assert config_from_dict(as_made(stored)).algorithm.stratify_weighting == "paper"
 

@@ -26,7 +26,7 @@ RECORDED = {
         [0.384, 0.57, 0.6785],
         [1.7784205932617188, 1.1071754760742187, 0.8681982116699218],
     ),
-    "scaffold_samples": (  # the participants' sizes for all clients', recorded when it was default (1cea3b2, same machine)
+    "scaffold_samples": (  # participants' sizes for all clients' (the old default), as recorded (1cea3b2, same machine)
         {"algorithm.name": "scaffold", "rounds": 3},
         [0.384, 0.5645, 0.6795],
         [1.7785211791992188, 1.1099553833007811, 0.8687580261230469],

@@ -146,7 +146,32 @@ def _named_file(path: Path, target: Any, key: str) -> Path:
 
 # libyaml's safe loader where PyYAML was built with it: the same documents, read about ten times faster
 # (a table's cells are many files: `raysim data list` and `reproduce --list` read them all)
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, line: int):
+        super().__init__(f"key '{key}' appears twice in one mapping (again at line {line})")
+        self.key, self.line = key, line
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """yaml's safe loader, refusing a key given twice in one mapping (yaml would keep the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:  # an unhashable key: yaml refuses it itself
+                break
+            if duplicate:
+                raise DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+SAFE_LOADER = _Loader
 
 
 def read_one_yaml(path: Path) -> dict[str, Any]:
@@ -167,13 +192,18 @@ def read_one_yaml(path: Path) -> dict[str, Any]:
         raise RaysimError(f"cannot read config file '{path}' ({exc.strerror}): check its permissions") from None
     try:
         data = yaml.load(text, Loader=SAFE_LOADER)
+    except DuplicateKey as exc:
+        raise RaysimError(f"config file '{path}': {exc}: keep one of them") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise RaysimError(f"config file '{path}' is not valid YAML{where} ({problem}): fix the syntax") from None
     if data is None:
-        return {}
+        raise RaysimError(
+            f"config file '{path}' is empty: write the keys it sets (see configs/quickstart.yaml), or run a "
+            "shipped config by name (raysim configs lists them)"
+        )
     if not isinstance(data, dict):
         raise RaysimError(f"config file '{path}' must hold a mapping of keys (like configs/quickstart.yaml)")
     return data

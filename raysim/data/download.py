@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -42,9 +43,16 @@ def file_checksum(path: Path, kind: str) -> str:
     return h.hexdigest()
 
 
-def fetch(urls: list[str], dest: Path, checksum: str, label: str, bar: bool = True) -> None:
+class DeadlineReached(RaysimError):
+    """The whole `get` took longer than its total timeout (a server trickling bytes never times out)."""
+
+
+def fetch(
+    urls: list[str], dest: Path, checksum: str, label: str, bar: bool = True, deadline: float | None = None
+) -> None:
     """`dest`, downloaded from the first of `urls` that answers and checked against `checksum`
-    ("md5:..." or "sha256:..."); one line naming the file if no URL gives a file that matches."""
+    ("md5:..." or "sha256:..."); one line naming the file if no URL gives a file that matches.
+    `deadline` (time.monotonic()): past it, one line (the download so far is kept for the next get)."""
     kind, expected = checksum.split(":", 1)
     if dest.is_file() and file_checksum(dest, kind) == expected:
         return
@@ -52,7 +60,7 @@ def fetch(urls: list[str], dest: Path, checksum: str, label: str, bar: bool = Tr
     failures, mismatch = [], None
     for url in urls:
         try:
-            _download(url, part, label, bar)
+            _download(url, part, label, bar, deadline)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
                 raise RaysimError(
@@ -86,16 +94,28 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _download(url: str, part: Path, label: str, bar: bool) -> None:
+def _download(url: str, part: Path, label: str, bar: bool, deadline: float | None = None) -> None:
     """Append the rest of `url` to `part` (or write it whole where the server does not resume)."""
     from tqdm import tqdm
+
+    def check_deadline() -> float:
+        """Seconds left before the deadline (TIMEOUT_S without one); DeadlineReached past it."""
+        if deadline is None:
+            return TIMEOUT_S
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise DeadlineReached(
+                f"downloading {part.name.removesuffix('.part')} from {url} passed the total timeout: what came is "
+                "kept; run the same command again to go on (or give a longer --timeout)"
+            )
+        return left
 
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(
         url, headers={"User-Agent": "raysim", **({"Range": f"bytes={have}-"} if have else {})}
     )
     try:
-        response = urllib.request.urlopen(request, timeout=TIMEOUT_S)  # noqa: S310 - http(s) or file URLs only
+        response = urllib.request.urlopen(request, timeout=min(TIMEOUT_S, check_deadline()))  # noqa: S310 - http(s) or file URLs only
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and have:  # nothing after `have`: the file is whole (its checksum decides)
             return
@@ -115,5 +135,6 @@ def _download(url: str, part: Path, label: str, bar: bool) -> None:
             while block := response.read1(CHUNK):  # what has arrived: the .part grows as it comes
                 out.write(block)
                 progress.update(len(block))
+                check_deadline()
         if total is not None and part.stat().st_size < total:
             raise ValueError(f"the connection closed after {part.stat().st_size} of {total} bytes")

@@ -19,7 +19,9 @@ import gzip
 import json
 import os
 import shutil
+import stat
 import tarfile
+import time
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,12 +37,23 @@ RECORD = ".raysim-data.json"
 INCOMING = ".incoming"
 
 
-def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Path, bool]:
-    """DATA_HOME/<name>, got now (True) or there already (False)."""
+TOTAL_TIMEOUT_S = 4 * 3600  # a whole dataset's get, however its server trickles (--timeout)
+
+
+def get(
+    name: str, home: Path, mirror: str | None, bar: bool = True, timeout_s: float | None = TOTAL_TIMEOUT_S
+) -> tuple[Path, bool]:
+    """DATA_HOME/<name>, got now (True) or there already (False); one line past `timeout_s` seconds."""
     known = entry(name)
     target = home / name
     work = home / INCOMING / name
-    if (target / RECORD).is_file():
+    if os.path.lexists(target / RECORD):
+        problem = record_problem(target, known)
+        if problem is not None:
+            raise RaysimError(
+                f"{target / RECORD} does not describe the files there ({problem}): move {target} away and run "
+                "the command again"
+            )
         shutil.rmtree(work, ignore_errors=True)  # a get killed after the move left its archives
         _remove_if_empty(home / INCOMING)
         return target, False
@@ -51,8 +64,9 @@ def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Pa
         )
     try:
         work.mkdir(parents=True, exist_ok=True)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with _locked(work):
-            _download_and_unpack(known, work, target, mirror, bar)
+            _download_and_unpack(known, work, target, mirror, bar, deadline)
     except ChecksumMismatch:  # another file than raysim's: none of the downloads is kept
         shutil.rmtree(work, ignore_errors=True)
         _remove_if_empty(home / INCOMING)
@@ -69,11 +83,13 @@ def get(name: str, home: Path, mirror: str | None, bar: bool = True) -> tuple[Pa
     return target, True
 
 
-def _download_and_unpack(known: Entry, work: Path, target: Path, mirror: str | None, bar: bool) -> None:
+def _download_and_unpack(
+    known: Entry, work: Path, target: Path, mirror: str | None, bar: bool, deadline: float | None = None
+) -> None:
     for number, archive in enumerate(known.archives, 1):
         urls = [f"{mirror}/{known.name}/{archive.file}"] if mirror else list(archive.urls)
         label = f"{known.name} {number}/{len(known.archives)} {archive.file}"
-        fetch(urls, work / archive.file, archive.checksum, label, bar)
+        fetch(urls, work / archive.file, archive.checksum, label, bar, deadline)
     unpacked = work / "unpacked"
     if unpacked.exists():  # an unpacking cut short: redone from the archives
         shutil.rmtree(unpacked)
@@ -81,7 +97,8 @@ def _download_and_unpack(known: Entry, work: Path, target: Path, mirror: str | N
         _unpack(archive, work / archive.file, unpacked / archive.into)
     if known.name == "domainnet":
         _sort_domainnet(unpacked)
-    (unpacked / RECORD).write_text(json.dumps(_record(known), indent=1) + "\n")
+    record = {**_record(known), "files": _files(unpacked)}
+    (unpacked / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     os.replace(unpacked, target)
 
 
@@ -107,6 +124,46 @@ def _locked(work: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _files(folder: Path) -> dict[str, int]:
+    """Every plain file under `folder` (but the record), by its relative path: its size in bytes."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            relative = path.relative_to(folder).as_posix()
+            if relative != RECORD:
+                files[relative] = os.lstat(path).st_size
+    return files
+
+
+def record_problem(folder: Path, known: Entry) -> str | None:
+    """None if `folder`'s record is the one `get` writes for `known` and every file it lists is there,
+    a plain file of that size; else what is wrong, in a few words."""
+    path = folder / RECORD
+    if not path.is_file() or path.is_symlink():
+        return "not a plain file"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "not valid JSON"
+    if not isinstance(record, dict) or {k: record.get(k) for k in _record(known)} != _record(known):
+        return f"not raysim's record of {known.name}"
+    files = record.get("files")
+    if not isinstance(files, dict) or not files:
+        return "it lists no files"
+    for relative, size in files.items():
+        parts = Path(str(relative)).parts
+        if not parts or Path(str(relative)).is_absolute() or ".." in parts:
+            return f"it names {relative!r}, outside the folder"
+        try:
+            info = os.lstat(folder / relative)
+        except OSError:
+            return f"{relative} is missing"
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            return f"{relative} is not the file it lists"
+    return None
 
 
 def _record(known: Entry) -> dict:
@@ -183,7 +240,10 @@ def status(home: Path) -> list[Status]:
     out = []
     for name in DOWNLOADABLE:
         folder = home / name
-        present = "got by raysim" if (folder / RECORD).is_file() else ("placed there" if folder.is_dir() else "")
+        if os.path.lexists(folder / RECORD):
+            present = "got by raysim" if record_problem(folder, entry(name)) is None else "bad record"
+        else:
+            present = "placed there" if folder.is_dir() else ""
         out.append(
             Status(name, present, _bytes(folder) if present else 0, entry(name).size, _bytes(home / INCOMING / name))
         )

@@ -378,6 +378,7 @@ class ServerRuntime:
             "state": self.state,
             "wall_time_s": self.wall_time(),
             "log_summary": dict(self.ctx.log.summary),
+            "dataset": self.config.dataset.name,  # what it trained on, for a resume that lost data.json
         }
 
     # ------------------------------------------------------------------ end

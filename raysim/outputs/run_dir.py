@@ -124,10 +124,6 @@ class RunDir:
         """A run was started here (its config is written)."""
         return self.config_file.is_file()
 
-    def is_unstarted(self) -> bool:
-        """Nothing ran here: the folder holds no more than its config, data record and lock."""
-        return self.path.is_dir() and {p.name for p in self.path.iterdir()} <= {CONFIG, DATA, LOCK}
-
     def refuse_links(self) -> None:
         """One line if the folder, or a folder raysim (or TensorBoard) writes into, is a symbolic
         link: the files written there would land outside the run directory. (TensorBoard writes a
@@ -139,11 +135,6 @@ class RunDir:
             if folder.is_dir():
                 for entry in folder.iterdir():
                     refuse_link(entry)
-
-    def remove_unstarted(self) -> None:
-        for name in (CONFIG, DATA, LOCK):
-            (self.path / name).unlink(missing_ok=True)
-        self.path.rmdir()
 
     # ------------------------------------------------------------ writers
     def write_config(self, text: str) -> None:
@@ -257,6 +248,9 @@ class RunDir:
                 raise RaysimError(f"{path} holds a {type(value).__name__}, not the mapping raysim writes: {way_out}")
         if not isinstance(config.get("algorithm"), dict) or not isinstance(config.get("dataset"), dict):
             raise RaysimError(f"{config_path} lacks the algorithm and dataset sections raysim writes: {way_out}")
+        missing = [key for key in REPORTED if key not in summary]
+        if missing:
+            raise RaysimError(f"{summary_path} lacks {', '.join(missing)}, which raysim writes: {way_out}")
         return checked_summary(summary, summary_path, way_out), config
 
     def read_metrics_rows(self, columns: list[str] | None = None) -> list[dict[str, Any]]:
@@ -282,6 +276,8 @@ class RunDir:
 _ACCURACIES = ("final_accuracy", "best_accuracy", "last5_accuracy")
 _COUNTS = ("rounds", "rounds_planned")
 _AMOUNTS = ("bytes_up", "bytes_down", "wall_time_s")
+# What a report reads from every summary: a summary.json without one is refused in one line.
+REPORTED = ("final_accuracy", "best_accuracy", "rounds", "bytes_up", "bytes_down", "wall_time_s")
 
 
 def checked_summary(summary: dict[str, Any], path: Path, way_out: str) -> dict[str, Any]:
