@@ -18,7 +18,7 @@ from raysim.outputs.run_dir import RunDir
 from raysim.reproduce import list_tables, load_table, parse_seeds, selection
 from raysim.reproduce.runs import PlannedRun, plan_runs, run_state
 from raysim.reproduce.table_file import TABLES_DIR
-from raysim.reproduce.table_output import as_csv, collect, markdown, method_rows, ordering_rows, rounds_rows
+from raysim.reproduce.table_output import LABEL, as_csv, collect, markdown, method_rows, ordering_rows, rounds_rows
 
 DATA = "/nonexistent/data"  # configs are validated, never loaded
 TABLES = sorted(p.stem for p in TABLES_DIR.glob("*.yaml"))
@@ -280,8 +280,10 @@ def test_a_tables_extra_readings_are_shown_per_cell_and_method(tmp_path):
         fake_run(run, 0.6)
         run.run_dir.write_summary({**run.run_dir.read_summary(), "teacher": teacher})
     rows = method_rows(table, collect(runs), ["a"], ["one"])
-    text = markdown(table, "cpu", rows, [])
+    orderings = [{"cell": "a", "ordering": "one > two", "paper": "", "holds_in_paper": None, "holds": 0, "seeds": 0}]
+    text = markdown(table, "cpu", rows, orderings)
     assert "| cell | method | teacher (%) | bytes_up |" in text
+    assert f"Orderings ({LABEL[table.metric]}, seed by seed)" in text  # the metric's name, not a reading's
     assert "| a | one | 60.0 +- 14.1 | 1.00 +- 0.00 |" in text
     (row,) = csv.DictReader(io.StringIO(as_csv(table, "cpu", rows, [])))
     assert float(row["teacher_mean"]) == pytest.approx(60.0) and float(row["bytes_up_mean"]) == pytest.approx(1.0)

@@ -407,9 +407,9 @@ def markdown(
             "method's run of the seed).",
         ]
     if table.extra:
-        labels = [extra.label + (" (%)" if extra.unit == "percent" else "") for extra in table.extra.values()]
+        readings = [extra.label + (" (%)" if extra.unit == "percent" else "") for extra in table.extra.values()]
         lines += ["", "Readings (summary.json, mean +- std over the seeds):", ""]
-        lines += [f"| cell | method | {' | '.join(labels)} |", "|---|---|" + "---|" * len(labels)]
+        lines += [f"| cell | method | {' | '.join(readings)} |", "|---|---|" + "---|" * len(readings)]
         for r in rows:
             values = [shown(r[f"{k}_mean"], r[f"{k}_std"], extra.digits) for k, extra in table.extra.items()]
             lines.append(
