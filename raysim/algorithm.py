@@ -13,15 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import torch
 
 from raysim.config import Config, ModelConfig, client_architectures
+from raysim.config.parse import Bound
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.seeding import MODEL_INIT, derive_seed
+
+# Params fields' ranges, checked when a config is read (raysim.config.parse.Bound): a subclass that
+# overrides such a field's default repeats the annotation.
+PositiveInt = Annotated[int, Bound(ge=1)]
+NonNegativeInt = Annotated[int, Bound(ge=0)]
+PositiveFloat = Annotated[float, Bound(gt=0)]
+NonNegativeFloat = Annotated[float, Bound(ge=0)]
 
 OWN = "own"  # dataclasses.field metadata: a shared parameter whose value is each method's own (own_default)
 
@@ -33,7 +41,7 @@ def added_param(default: Any, before: Any) -> Any:
     """A parameter added with a default that changes what earlier versions ran (a reading made to
     follow a paper or its authors' code): `before` is the value that reproduces runs made before it
     existed, so that --resume and raysim reproduce read their stored configs as what they ran
-    (raysim.config.load.as_made), not as the new default."""
+    (raysim.experiment.as_made), not as the new default."""
     return field(default=default, metadata={BEFORE: before})
 
 
@@ -248,7 +256,7 @@ class Algorithm:
     work_minimum: ClassVar[dict[str, int]] = {}  # a work key's smallest valid value, where above 1
     bench_overrides: ClassVar[dict[str, Any]] = {}  # settings that make each bench run do its own work
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         pass
 

@@ -23,40 +23,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from raysim.outputs.run_dir import RunDir
-    from raysim.outputs.run_lock import lock_run_dir, unlock_and_remove
-    from raysim.runner import discard_unstarted_run, new_run_dir, resume_config, run_with_progress
+    from raysim.resume import ResumeLock, read_config
+    from raysim.runner import discard_unstarted_run, new_run_dir, prepare, run_with_progress
 
     _check_address(args.address)  # before anything is read or created
-    had_lock_file = True  # a resume of a directory received without one: removed again if it is refused
-    had_data_file = True  # likewise its data.json, written at the start of a resume that records none
+    held = None  # a resume's lock, and what the directory held before it (raysim.resume)
     if args.resume:
         if args.config and "=" not in args.config:
             raise RaysimError("give either CONFIG or --resume RUN_DIR, not both")
         overrides = ([args.config] if args.config else []) + args.overrides
         run_dir = RunDir(args.resume)
-        config = (
-            resume_config(run_dir, overrides) if args.allow_code else _resume_config_without_code(run_dir, overrides)
-        )
-        had_lock_file = os.path.lexists(run_dir.lock_file)
-        had_data_file = os.path.lexists(run_dir.data_file)
-        lock_run_dir(run_dir)  # a run that is still going on keeps its directory
-        try:
-            experiment = _resumable(run_dir, config, args.accept_data)
-        except RaysimError:
-            if not had_lock_file:  # refused: the directory is left as it was received
-                unlock_and_remove(run_dir)
-            raise
+        config = read_config(run_dir, overrides, args.allow_code)
+        held = ResumeLock(run_dir)
+        experiment = held.experiment(config, prepare, args.accept_data)
         if experiment is None:  # finished: nothing ran, the directory stays as it was
-            if not had_lock_file:
-                unlock_and_remove(run_dir)
             return 0
     else:
         if not args.config:
             raise RaysimError("no config given: raysim run CONFIG.yaml [key=value ...] (try configs/quickstart.yaml)")
-        from raysim.config.named import load_named_config
         from raysim.outputs.received import received_run_dir
         from raysim.reproduce import check_cell_name
-        from raysim.runner import prepare
+        from raysim.reproduce.named import load_named_config
 
         check_cell_name(args.config, "raysim run")  # a cell's scale is its name's last part here
         if args.out:
@@ -84,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         if not args.resume:  # refused before its first round (e.g. resources): the same --out works again
             discard_unstarted_run(run_dir)
         else:
-            _leave_as_received(run_dir, had_lock_file, had_data_file)
+            held.leave_as_received()
         raise
     except Exception as exc:  # Ray itself failed (a node or the cluster went away): say how to go on
         from raysim.runner import failure_message
@@ -95,48 +82,9 @@ def _run(args: argparse.Namespace) -> int:
         if refused_at_start and not args.resume:
             discard_unstarted_run(run_dir)
         elif refused_at_start:
-            _leave_as_received(run_dir, had_lock_file, had_data_file)
+            held.leave_as_received()
         raise RaysimError(message) from None
     return 0
-
-
-def _leave_as_received(run_dir, had_lock_file: bool, had_data_file: bool) -> None:
-    """A refused resume removes what it added to the directory: its .lock, and the data.json written
-    at its start for a run that recorded none."""
-    from raysim.outputs.run_lock import unlock_and_remove
-
-    if not had_data_file:
-        run_dir.data_file.unlink(missing_ok=True)
-    if not had_lock_file:
-        unlock_and_remove(run_dir)
-
-
-def _resumable(run_dir, config, accept_data: bool = False):
-    """The experiment a resume continues, after every check that needs no Ray (the checkpoint is
-    readable and holds this run's model, the data at hand are those it ran on); None when the run
-    has finished all its rounds (said on stdout)."""
-    from raysim.runner import check_data, check_unrecorded_data, prepare
-
-    checkpoint = run_dir.read_checkpoint()  # an unreadable checkpoint is refused here, before Ray starts
-    done = 0 if checkpoint is None else int(checkpoint["round"])
-    if done >= config.rounds:
-        if done > config.rounds:
-            print(
-                f"'{run_dir}' has {done} rounds done, more than the {config.rounds} asked: nothing to run "
-                f"(add rounds with 'raysim run --resume {run_dir} rounds={done + 10}')"
-            )
-        else:
-            print(
-                f"'{run_dir}' has finished all {config.rounds} rounds: nothing to run "
-                f"(add rounds with 'raysim run --resume {run_dir} rounds={config.rounds + 10}')"
-            )
-        return None
-    experiment = prepare(config)
-    check_data(run_dir, experiment.data, config.dataset.root)
-    if checkpoint is not None:
-        _check_checkpoint_model(run_dir, checkpoint, experiment)
-    check_unrecorded_data(run_dir, experiment.data, accept_data)
-    return experiment
 
 
 def _check_address(address: str | None) -> None:
@@ -148,56 +96,9 @@ def _check_address(address: str | None) -> None:
         check_address(address, "--address")
 
 
-def _check_checkpoint_model(run_dir, checkpoint: dict, experiment) -> None:
-    """The checkpoint's global weights are this run's model's (names, shapes, numbers), where the
-    run's algorithm keeps them in state['weights'] (every algorithm that keeps Algorithm.global_weights),
-    and so are the algorithm's per-parameter state entries (Algorithm.per_parameter_state)."""
-    import torch
-
-    from raysim.algorithm import Algorithm
-    from raysim.outputs.state_files import check_model_arrays
-    from raysim.registry import algorithm_class
-
-    cls = algorithm_class(experiment.config.algorithm.name)
-    with torch.random.fork_rng(devices=[]):  # the shapes only: the driver's random stream is left as it was
-        model = experiment.spec.build("cpu")
-    parameters = {name: tuple(value.shape) for name, value in model.named_parameters()}
-    expected = {key: parameters for key in cls.per_parameter_state}
-    if cls.global_weights is Algorithm.global_weights:  # else its own code keeps the global model elsewhere
-        expected["weights"] = {name: tuple(value.shape) for name, value in model.state_dict().items()}
-    last = run_dir.checkpoint_file
-    for key, shapes in expected.items():
-        check_model_arrays(
-            checkpoint,
-            key,
-            shapes,
-            last if last.exists() else run_dir.previous_checkpoint_file,  # the one read_checkpoint read
-            "it comes from another run or was edited: put back this run's own checkpoint, or start a fresh run",
-        )
-
-
-def _resume_config_without_code(run_dir, overrides: list[str]):
-    """The config of a run directory that may come from someone else, refused (one line) where
-    resuming it could run code the user has not vouched for with --allow-code: user code it names
-    (algorithm, model factories, clients' models), or a working directory inside the run directory
-    (raysim.outputs.received: the same rule as a received config given to a fresh run)."""
-    from raysim.outputs.received import refuse_code
-    from raysim.plugins import user_code_refused
-    from raysim.runner import resume_config
-
-    why = (
-        f"named by '{run_dir.config_file}': a resumed run imports no code unless you vouch for its "
-        "directory: add --allow-code if you wrote or trust this run"
-    )
-    with user_code_refused(why):  # the algorithm class is imported while the config is read
-        config = resume_config(run_dir, overrides)
-    refuse_code(config, run_dir.path, why, "resume")
-    return config
-
-
 def _cmd_partition(args: argparse.Namespace) -> int:
     from raysim.config.files import resolve
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.partition import format_counts
     from raysim.runner import prepare
 
@@ -353,7 +254,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 def _cmd_configs(args: argparse.Namespace) -> int:
     from raysim.config import dump_config
     from raysim.config.files import list_configs, resolve
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
 
     if args.config:  # the whole config a run would use: its extends: chain, the overrides and the defaults
         print(dump_config(load_config(resolve(args.config), args.overrides)), end="")

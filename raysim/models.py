@@ -325,9 +325,6 @@ def _check_positive(value: int, what: str, key: str) -> None:
         raise RaysimError(f"{what} must be a positive integer, got {value!r}: fix {key}")
 
 
-SCALABLE: tuple[str, ...] = ("cnn3", "lenet", "resnet18", "googlenet")  # take width_multiplier
-
-
 def build_model(
     name: str,
     *,

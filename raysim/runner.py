@@ -15,10 +15,8 @@ import numpy as np
 
 from raysim.algorithm import ModelSpec
 from raysim.config import Config, dump_config
-from raysim.config.load import load_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
-from raysim.data.home import dataset_folder
 from raysim.data.identity import DataIdentity, array_digest, identity_of
 from raysim.errors import RaysimError, disk_full, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
@@ -27,6 +25,7 @@ from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
 from raysim.partition import class_counts, hold_out, partition, validating_clients
 from raysim.registry import algorithm_class
+from raysim.resume import check_resumable, record_data
 from raysim.seeding import PARTITION, VALIDATION, numpy_rng
 
 if TYPE_CHECKING:
@@ -104,63 +103,6 @@ def read_data(config: Config) -> tuple[ArrayDataset, DataIdentity]:
     d = config.dataset
     dataset = load_dataset(d.name, d.root, d.image_size, verify=d.verify)
     return dataset, identity_of(dataset, d.name)
-
-
-def check_data(run_dir: RunDir, identity: DataIdentity, root: str | None) -> None:
-    """A run continues only on the data it started on: one line naming both if they differ."""
-    _refuse_other_data(run_dir, run_dir.read_data(), identity, root)
-
-
-def _refuse_other_data(run_dir: RunDir, recorded: DataIdentity | None, identity: DataIdentity, root) -> None:
-    if recorded is not None and recorded.digest != identity.digest:
-        where = "the embedded sample" if identity.name == "embedded" else dataset_folder(identity.name, root)
-        raise RaysimError(
-            f"'{run_dir}' ran on {recorded.describe()}, but the data at hand ({where}) are "
-            f"{identity.describe()}: give the folder of the data it ran on, or start a new run"
-        )
-
-
-def check_unrecorded_data(run_dir: RunDir, identity: DataIdentity, accept_data: bool) -> None:
-    """A run with a checkpoint but no data.json (removed, or made by an older raysim) goes on only on
-    the dataset its checkpoint says it trained on, or with --accept-data: its data identity is never
-    recorded anew over a config whose dataset was changed."""
-    if accept_data or run_dir.read_data() is not None:
-        return
-    checkpoint = run_dir.read_checkpoint()
-    if checkpoint is None:
-        return
-    trained_on = checkpoint.get("dataset")
-    if trained_on == identity.name:
-        return
-    said = (
-        f"its checkpoint was trained on '{trained_on}'"
-        if isinstance(trained_on, str)
-        else ("its checkpoint does not say what data it was trained on")
-    )
-    raise RaysimError(
-        f"'{run_dir}' records no data ({run_dir.data_file.name} is missing) and {said}, but its config now reads "
-        f"'{identity.name}': put back its {run_dir.data_file.name}, or add --accept-data if {identity.describe()} "
-        "are the data it ran on"
-    )
-
-
-def record_data(run_dir: RunDir, identity: DataIdentity, root: str | None, accept_data: bool = False) -> None:
-    """data.json at the run's start; a resumed run is checked against it first. A run that records
-    none (made before raysim recorded its data, or its data.json removed) goes on only on the dataset
-    its checkpoint was trained on, or with --accept-data (check_unrecorded_data): said in one line,
-    then recorded."""
-    recorded = run_dir.read_data()
-    if recorded is not None:
-        _refuse_other_data(run_dir, recorded, identity, root)
-        return
-    check_unrecorded_data(run_dir, identity, accept_data)
-    if run_dir.checkpoint_file.exists() or run_dir.previous_checkpoint_file.exists():
-        print(
-            f"note: '{run_dir}' records no data (no data.json): the data at hand, "
-            f"{identity.describe()}, are recorded now and cannot be checked against what it ran on",
-            file=sys.stderr,
-        )
-    run_dir.write_data(identity)
 
 
 def normalisation(config: Config, dataset: ArrayDataset) -> tuple[np.ndarray, np.ndarray]:
@@ -271,74 +213,6 @@ def discard_unstarted_run(run_dir: RunDir) -> None:
             pass
 
 
-# Keys of a stored config that say where (or how) to reach a Ray cluster. A run directory may come
-# from someone else: where its run executes is the user's choice (--address, RAY_ADDRESS, or these
-# keys on this command line), never the directory's.
-CLUSTER_KEYS = ("address",)
-
-
-def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Config:
-    """The run's own config; only `rounds` (to extend a run) and `resources.*` may change.
-
-    The stored config's cluster keys (`CLUSTER_KEYS`: resources.address) are not used: the resumed
-    run goes where this command line or RAY_ADDRESS says (else a private local Ray); a stored one
-    dropped is said in one line on stderr."""
-    run_dir = RunDir(run_dir)
-    if not run_dir.holds_run():
-        raise RaysimError(
-            f"'{run_dir}' is not a run directory (no {run_dir.config_file.name}): "
-            "pass the folder a previous 'raysim run' wrote"
-        )
-    for text in overrides:
-        key = text.split("=", 1)[0]
-        if key != "rounds" and not key.startswith("resources."):
-            raise RaysimError(
-                f"'{key}' cannot change on --resume (only rounds and resources.* can): start a new run instead"
-            )
-    from raysim.config.files import read_yaml
-    from raysim.config.load import as_made
-
-    tree = as_made(read_yaml(run_dir.config_file))
-    given = {text.split("=", 1)[0] for text in overrides}
-    dropped = _drop_cluster_keys(tree, given)
-    config = load_config(overrides=overrides, base=tree)
-    for key, value in dropped:
-        print(_not_used_line(run_dir, key, value), file=sys.stderr)
-    return config
-
-
-def _drop_cluster_keys(tree: dict[str, Any], given: set[str]) -> list[tuple[str, Any]]:
-    """Remove from `tree` (in place) the stored values of CLUSTER_KEYS that this command line does
-    not set itself; returns (dotted key, stored value) of each that named something."""
-    resources = tree.get("resources")
-    if not isinstance(resources, dict):
-        return []
-    dropped = []
-    for name in CLUSTER_KEYS:
-        value = resources.get(name)
-        if name in resources:
-            tree["resources"] = resources = {k: v for k, v in resources.items() if k != name}
-        if value not in (None, "") and f"resources.{name}" not in given:
-            dropped.append((f"resources.{name}", value))
-    return dropped
-
-
-def _not_used_line(run_dir: RunDir, key: str, value: Any) -> str:
-    """The one line a resume prints for a stored cluster key it did not use: the value as text that
-    cannot move the terminal (repr escapes control characters), cut short if long."""
-    import shlex
-
-    shown = repr(value)
-    shown = shown if len(shown) <= 120 else shown[:117] + "..."
-    printable = isinstance(value, str) and value.isprintable() and len(value) <= 200
-    flag = f"--address {shlex.quote(value)}" if printable and key == "resources.address" else None
-    how = f"add {flag} (or set RAY_ADDRESS)" if flag else f"give {key}=... on this command line"
-    return (
-        f"note: {run_dir.config_file} names {key}={shown}: not used (a resumed run goes where this command "
-        f"says: --address, RAY_ADDRESS, else a private local Ray); to run there, {how}"
-    )
-
-
 def client_placement():
     """Inside a Tune trial, the bundles the trial reserved for its client actors; otherwise spread them."""
     import ray
@@ -409,16 +283,6 @@ def _drive(
             if not res.in_process:
                 for handle in [server, *actors, refs[0]]:
                     ray.kill(handle, no_restart=True)
-
-
-def check_resumable(run_dir: RunDir) -> None:
-    """A run directory with a checkpoint continues only if its metrics.parquet holds every finished
-    round (the summary is computed from it): otherwise one error naming the file."""
-    from raysim.outputs.metrics import MetricsTable
-
-    checkpoint = run_dir.read_checkpoint()
-    if checkpoint is not None:
-        MetricsTable(run_dir.metrics_file, resume_through_round=checkpoint["round"])
 
 
 def server_inputs(exp: Experiment) -> ServerInputs:

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from raysim.config import Config, build_dataclass, parse_override, read_yaml
-from raysim.config.load import apply_overrides, config_from_dict
 from raysim.errors import RaysimError, need
+from raysim.experiment import apply_overrides, config_from_dict
 
 Form = Literal["grid", "choice", "uniform", "loguniform"]
 Metric = Literal["best_accuracy", "final_accuracy", "last5_accuracy"]

@@ -154,7 +154,7 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
     on the same code path (tests/test_engine.py also runs a single Ray actor). Runs are
     deterministic, so a run with the same overrides is done once per session and shared.
     """
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.runner import run_experiment
 
     def run(**overrides):

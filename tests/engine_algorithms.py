@@ -24,7 +24,7 @@ class OneShotDistill(Algorithm):
     name = "oneshot-distill-test"
     supports_client_models = True
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         distill_steps: int = 20
         distill_batch: int = 32
@@ -111,7 +111,7 @@ class FailsWhenAsked(FedAvg):
 
     name = "fails-when-asked-test"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(FedAvg.Params):
         fail: bool = False
 

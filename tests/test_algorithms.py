@@ -100,7 +100,7 @@ def scaffold_with(weighting, sizes, per_round):
     from types import SimpleNamespace
 
     from raysim.algorithm import ServerLog
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.registry import algorithm_class
 
     overrides = [
@@ -179,8 +179,8 @@ def test_scaffold_stored_configs_without_population_read_as_they_ran(tmp_path):
     `mixed`, for --resume and raysim reproduce (as_made)."""
     import yaml
 
-    from raysim.config.load import as_made, config_from_dict, load_config
-    from raysim.runner import resume_config
+    from raysim.experiment import as_made, config_from_dict, load_config
+    from raysim.resume import resume_config
 
     stored = load_config(None, ["algorithm.name=scaffold"]).to_dict()
     assert stored["algorithm"]["weighting"] == "population"
@@ -288,8 +288,8 @@ def test_the_readme_lists_every_algorithm():
 
 
 def test_moon_refuses_a_temperature_or_mu_it_cannot_use():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
 
     quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
     for override, message in (
@@ -298,3 +298,73 @@ def test_moon_refuses_a_temperature_or_mu_it_cannot_use():
     ):
         with pytest.raises(RaysimError, match=message):
             load_config(quickstart, ["algorithm.name=moon", override])
+
+
+def _params_classes():
+    """Every built-in algorithm's Params and the dataclasses it inherits from."""
+    import dataclasses
+
+    from raysim.registry import algorithm_class
+
+    found = {}
+    for name in builtin_names():
+        for cls in algorithm_class(name).Params.__mro__:
+            if dataclasses.is_dataclass(cls):
+                found[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return found
+
+
+def test_every_params_is_frozen_and_declares_its_ranges_and_choices():
+    """Params are read-only once a config is read (dataclasses.replace makes a changed copy), and a
+    range or choice is declared on the field (Bound, Literal), not checked by a validate()."""
+    classes = _params_classes()
+    assert len(classes) >= 20
+    for where, cls in classes.items():
+        assert cls.__dataclass_params__.frozen, where
+        assert not hasattr(cls, "validate"), where
+
+
+def test_an_overridden_default_keeps_its_base_declaration():
+    """A subclass that changes a field's default repeats its annotation: a Bound or Literal is not
+    dropped by the override."""
+    import typing
+
+    for where, cls in _params_classes().items():
+        hints = typing.get_type_hints(cls, include_extras=True)
+        for base in cls.__mro__[1:]:
+            if "__dataclass_fields__" not in vars(base):
+                continue
+            for name, tp in typing.get_type_hints(base, include_extras=True).items():
+                assert hints[name] == tp, f"{where}.{name}: {hints[name]} overrides {base.__qualname__}'s {tp}"
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"name": "feddm", "steps": 0}, "algorithm.steps must be >= 1, got 0"),
+        ({"name": "dcfl", "server_epochs": -1}, "algorithm.server_epochs must be >= 0, got -1"),
+        ({"name": "fedaf", "gamma": 1.5}, r"algorithm.gamma must be in \[0, 1\], got 1.5"),
+        ({"name": "dcfl", "filter_ratio": 1}, r"algorithm.filter_ratio must be in \[0, 1\), got 1"),
+        ({"name": "dcfl", "pretrain_fraction": 0}, r"algorithm.pretrain_fraction must be in \(0, 1\], got 0"),
+        ({"name": "feddyn", "alpha": 0}, "algorithm.alpha must be > 0, got 0"),
+        ({"name": "dynafed", "syn_batch": -1}, r"algorithm.syn_batch must be >= 0 \(0: all of D_syn\), got -1"),
+        ({"name": "dynafed", "horizon": 30}, "algorithm.horizon .* raise algorithm.trajectory_rounds"),
+        ({"name": "fedhydra", "stratify_steps": 1}, r"algorithm.stratify_steps must be >= 2 \(eq. 2"),
+        ({"name": "dcfl", "use_condensed": "none", "filter_ratio": 0.5}, "use_condensed: none sends none"),
+        ({"name": "dcfl", "mu": 0.1}, "algorithm.mu is not a parameter of base 'fedavg'"),
+        ({"name": "fedaf", "swd": "l2"}, "'algorithm.swd' must be one of sum_squared, root_mean, got 'l2'"),
+    ],
+)
+def test_params_refuse_a_value_out_of_range_in_one_line(section, message):
+    from raysim.errors import RaysimError
+    from raysim.registry import resolve_params
+
+    with pytest.raises(RaysimError, match=message) as caught:
+        resolve_params(section)
+    assert "\n" not in str(caught.value)
+
+
+def test_fedhydra_reads_an_aggregation_by_its_former_name():
+    from raysim.registry import resolve_params
+
+    assert resolve_params({"name": "fedhydra", "aggregation": "stratified"}).params.aggregation == "stratified_eq8"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from raysim.bench.cell import WorkKey, phase_ratio, project, work_keys
-from raysim.config.named import load_named_config
 from raysim.errors import RaysimError
+from raysim.reproduce.named import load_named_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

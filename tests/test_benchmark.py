@@ -111,8 +111,8 @@ def test_counting_macs_changes_no_number_and_records_each_clients_and_the_server
 
 
 def test_counting_macs_of_compiled_models_is_refused_in_one_line():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
 
     with pytest.raises(RaysimError, match="set one of them to false") as info:
         load_config(ROOT / "configs" / "quickstart.yaml", ["eval.count_macs=true", "resources.compile=true"])

@@ -201,7 +201,7 @@ def test_asking_for_more_gpus_than_the_machine_has_is_one_clear_line(tmp_path):
 
 
 def test_a_root_given_for_the_embedded_dataset_is_noted_as_ignored(capsys):
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.runner import prepare
 
     prepare(load_config(QUICK, ["dataset.root=/some/data"]))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from raysim.algorithms.oneshot import client_cache
-from raysim.config.load import load_config
+from raysim.experiment import load_config
 from raysim.runner import prepare
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, run

@@ -104,8 +104,8 @@ def test_a_compiled_graph_can_be_walked_back_twice(compiling):
 
 
 def test_a_bad_compile_value_is_one_line():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
 
     with pytest.raises(RaysimError, match="config key 'resources.compile' must be true or false, got 'maybe'"):
         load_config("configs/quickstart.yaml", ["resources.compile=maybe"])

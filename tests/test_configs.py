@@ -24,9 +24,9 @@ from pytest import approx
 
 from raysim.algorithm import ModelSpec
 from raysim.config import read_yaml
-from raysim.config.load import load_config
 from raysim.data.loading import DATASET_NAMES
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.models import MODEL_NAMES
 from raysim.partition import PARTITION_KINDS
 from raysim.registry import algorithm_class
@@ -768,8 +768,8 @@ def test_a_stored_run_made_before_a_parameter_existed_is_read_as_what_it_ran(tmp
     """A parameter added with a new default (FedAF's cdc_model: resampled) reads as its declared
     earlier value in a run directory's config that lacks it (--resume, raysim reproduce), and as the
     default in a config a user writes."""
-    from raysim.config.load import as_made, config_from_dict
-    from raysim.runner import resume_config
+    from raysim.experiment import as_made, config_from_dict
+    from raysim.resume import resume_config
 
     config = load_config(None, ["algorithm.name=fedaf"])
     stored = config.to_dict()

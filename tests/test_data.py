@@ -66,7 +66,7 @@ def test_embedded_mean_std():
 
 
 def test_fixed_normalisation_constants_replace_the_training_splits_own():
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.runner import prepare
 
     quick = Path(__file__).resolve().parents[1] / "configs/quickstart.yaml"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.data import catalogue
+from raysim.data import catalogue, records
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -256,7 +256,7 @@ def test_a_killed_download_leaves_no_dataset_and_the_next_get_resumes_it(served_
 def test_data_list_names_every_dataset_the_tables_read(capsys):
     from raysim.algorithms.oneshot.transfer import transfer_source
     from raysim.cli import main
-    from raysim.config.load import config_from_dict
+    from raysim.experiment import config_from_dict
     from raysim.reproduce.table_file import list_tables
 
     read = set()
@@ -303,7 +303,7 @@ def domainnet_archives(folder: Path) -> None:
     from PIL import Image
 
     folder.mkdir(parents=True, exist_ok=True)
-    for domain, _, *_ in catalogue._DOMAINNET:
+    for domain, _, *_ in records.DOMAINNET_RELEASE:
         lists = {"train": [], "test": []}
         with zipfile.ZipFile(folder / f"{domain}.zip", "w") as z:
             for label, cls in enumerate(("apple", "bus")):

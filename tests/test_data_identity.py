@@ -33,7 +33,7 @@ def test_data_read_under_another_datasets_name_are_refused_in_one_line():
 
 def test_a_run_continues_only_on_the_data_it_started_on(tmp_path, monkeypatch, capsys):
     from raysim.cli import main
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.outputs.run_dir import RunDir
     from raysim.reproduce.runs import PlannedRun, run_state
     from raysim.runner import run_experiment

@@ -21,9 +21,9 @@ from raysim.algorithms.condensed.dcfl import (
     sets_sent_coverage,
 )
 from raysim.algorithms.condensed.similarity import cka_matrix
-from raysim.config.load import load_config
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing
 from raysim.tensors import load_weights, module_weights, serialized_nbytes
@@ -121,7 +121,7 @@ def test_dcfl_configuration_errors_are_one_clear_line():
     base = tiny_overrides(**DCFL)
     with pytest.raises(RaysimError, match="algorithm.mu is not a parameter of base 'fedavg'"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.mu=0.01"])
-    with pytest.raises(RaysimError, match="algorithm.base must be one of fedavg, fedprox, fednova, feddisco"):
+    with pytest.raises(RaysimError, match="'algorithm.base' must be one of fedavg, fedprox, fednova, feddisco"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.base=scaffold"])
     with pytest.raises(RaysimError, match="use_condensed: none sends none"):
         load_config(
@@ -184,7 +184,8 @@ def test_dcfl_gives_the_same_numbers_on_one_and_two_actors(dcfl_run, ray_session
 def test_a_resumed_dcfl_run_continues_to_the_same_numbers(dcfl_run, tmp_path):
     """The CKA matrix, the pool of condensed sets, the seen clients and the clients' own condensed sets
     are state: extending a 2-round run to 4 rounds equals running 4 at once."""
-    from raysim.runner import resume_config, run_experiment
+    from raysim.resume import resume_config
+    from raysim.runner import run_experiment
 
     _, reference = dcfl_run
     _, part = run(tmp_path, "part", rounds=2)

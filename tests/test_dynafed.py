@@ -217,8 +217,8 @@ def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
 
 
 def test_horizon_longer_than_the_trajectory_is_one_clear_error():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
     from tests.conftest import tiny_overrides
 
     with pytest.raises(RaysimError, match="algorithm.horizon"):
@@ -299,7 +299,7 @@ def test_training_on_synthetic_data_alone_follows_the_authors_evaluation(monkeyp
     import types
 
     import raysim.algorithms.dynafed.dynafed as dynafed
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.registry import make_algorithm
     from tests.conftest import tiny_overrides
 
@@ -331,11 +331,11 @@ def test_training_on_synthetic_data_alone_follows_the_authors_evaluation(monkeyp
 
 
 def test_an_unknown_syn_only_optimizer_is_one_clear_error():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
     from tests.conftest import tiny_overrides
 
-    with pytest.raises(RaysimError, match="syn_only_optimizer must be one of sgd, adam"):
+    with pytest.raises(RaysimError, match="'algorithm.syn_only_optimizer' must be one of sgd, adam"):
         load_config(
             "configs/quickstart.yaml",
             tiny_overrides(**{"algorithm.name": "dynafed", "algorithm.syn_only_optimizer": "lbfgs"}),

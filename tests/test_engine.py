@@ -113,8 +113,9 @@ def test_rounds_to_accuracy_is_the_first_evaluated_round_reaching_each_target():
 
 def test_rounds_to_accuracy_counts_the_rounds_before_a_resume(ray_session, tmp_path):
     """eval.targets: summary.json's rounds_to_accuracy covers every round of a run extended by --resume."""
-    from raysim.config.load import load_config
-    from raysim.runner import resume_config, run_experiment
+    from raysim.experiment import load_config
+    from raysim.resume import resume_config
+    from raysim.runner import run_experiment
     from tests.conftest import tiny_overrides
 
     overrides = tiny_overrides(**{"resources.in_process": True, "rounds": 1, "eval.targets": "[0.01,1]"})
@@ -145,7 +146,7 @@ def test_domain_skew_runs_report_each_domains_accuracy_and_their_mean(ray_sessio
     import numpy as np
     from PIL import Image
 
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.runner import run_experiment
 
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))

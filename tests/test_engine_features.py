@@ -68,8 +68,8 @@ def test_clients_with_three_architectures_give_the_same_numbers_on_two_actors_an
 
 
 def test_a_model_that_the_algorithm_cannot_use_is_refused_before_ray_starts():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
     from raysim.runner import prepare
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**{"clients.models": "[lenet, cnn2]"}))

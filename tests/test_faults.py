@@ -30,7 +30,7 @@ FAULTY = {"rounds": 3, "algorithm.name": "scaffold", "local.keep_optimizer": Tru
 def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path, capsys):
     import ray
 
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.outputs.callbacks import Callback
     from raysim.runner import ProgressBar, run_experiment
 

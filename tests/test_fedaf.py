@@ -3,6 +3,7 @@ the server's sets, determinism, pictures."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ def fedaf(**extra):
 
 def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     """Round 2 starts from the set round 1 produced: with image lr 0 it must come back unchanged."""
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.registry import make_algorithm
 
     config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**fedaf()))
@@ -40,7 +41,7 @@ def test_condensed_sets_are_refined_across_rounds_not_reinitialised(tmp_path):
     state = make_algorithm(config).server_init(exp.spec.build(), runtime.ctx)
     payload = make_algorithm(config).broadcast(state, 1, [0])
     first = runtime.run_client(1, 0, payload)["message"]["images"]
-    runtime.algorithm.params.image_lr = 0.0
+    runtime.algorithm.params = replace(runtime.algorithm.params, image_lr=0.0)
     second = runtime.run_client(2, 0, payload)["message"]["images"]
     np.testing.assert_array_equal(first, second)
     # a fresh initialisation (what FedDM does every round) would differ
@@ -52,7 +53,7 @@ def first_upload(method: str, uint8: bool, state_dir: Path) -> dict:
     """Client 0's round-1 step of `method` (it condenses) through the engine's client runtime, which
     measures bytes_up as in a run; DCFL with the condensation settings of FedDM and FedAF here."""
     from raysim.algorithm import Broadcast
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.registry import make_algorithm
 
     overrides = {**TINY_CONDENSATION, "algorithm.name": method, "algorithm.quantize_uint8": uint8}
@@ -95,7 +96,7 @@ def test_condensed_images_cost_the_bytes_sent_at_their_width_for_all_three_metho
 
 
 def test_stored_configs_without_server_sets_read_as_round_and_new_ones_as_seen():
-    from raysim.config.load import as_made, load_config
+    from raysim.experiment import as_made, load_config
 
     for method in ("feddm", "fedaf"):
         assert as_made({"algorithm": {"name": method}})["algorithm"]["server_sets"] == "round"
@@ -177,7 +178,7 @@ def test_paper_scale_fedaf_upload_is_a_fraction_of_the_model_on_cifar10():
     the width Appendix C counts) the clients' mean upload is under half of the ConvNet that FedAvg
     uploads, and a few percent of ResNet18 (the paper's Table 7 comparison); float32 images cost 4
     times as much."""
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.models import build_model
     from raysim.runner import prepare
     from raysim.tensors import serialized_nbytes

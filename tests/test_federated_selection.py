@@ -24,7 +24,7 @@ ACTORS = {"resources.in_process": False, "resources.actors": 2}
 
 
 def config_of(**overrides):
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from tests.conftest import tiny_overrides
 
     return load_config(QUICKSTART, tiny_overrides(**overrides))
@@ -106,7 +106,7 @@ def test_a_bad_value_exits_2_through_the_cli(tmp_path):
 def test_a_config_stored_before_the_keys_existed_reads_as_final(tmp_path):
     """An old run's config.yaml (no eval.selection and friends) resolves as it did: final selection."""
     from raysim.config import dump_config
-    from raysim.runner import resume_config
+    from raysim.resume import resume_config
 
     config = config_of()
     tree = yaml.safe_load(dump_config(config))
@@ -213,7 +213,8 @@ def test_final_selection_leaves_every_number_unchanged(run_tiny):
 
 
 def test_a_resumed_run_selects_as_an_uninterrupted_one(ray_session, tmp_path):
-    from raysim.runner import resume_config, run_experiment
+    from raysim.resume import resume_config
+    from raysim.runner import run_experiment
 
     whole = run_experiment(config_of(**FEDERATED, **{"resources.in_process": True}), tmp_path / "whole")
     run_experiment(config_of(**{**FEDERATED, "rounds": 2, "resources.in_process": True}), tmp_path / "parts")

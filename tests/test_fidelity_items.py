@@ -3,14 +3,15 @@ batch of 128 at paper scale, and FedAF's CDC logits through the step's re-sample
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from raysim.config.load import load_config
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from tests.conftest import one_client_runtime, tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series
 from tests.test_oneshot_as_authors_ran import algorithm, fake_ctx, write_parquet_dataset
@@ -66,17 +67,17 @@ def test_feddf_streams_the_whole_transfer_set_by_default_as_its_code_does(transf
 
 def test_feddf_transfer_steps_are_spread_over_the_epochs_and_checked():
     feddf = algorithm(**{"algorithm.name": "feddf", "algorithm.distill_source": "generator"})
-    feddf.params.transfer_steps = 10000
+    feddf.params = replace(feddf.params, transfer_steps=10000)
     state = {"rounds_per_global": 201}  # the paper-scale round: 200 distillation epochs
     assert {feddf.epoch_steps(state, e) for e in range(1, 201)} == {50}
-    feddf.params.transfer_steps = 7
+    feddf.params = replace(feddf.params, transfer_steps=7)
     state = {"rounds_per_global": 4}
     assert [feddf.epoch_steps(state, e) for e in (1, 2, 3)] == [2, 2, 3]
     source = ["algorithm.name=feddf", "algorithm.distill_dataset=mnist", "algorithm.distill_root=/nowhere"]
     base = tiny_overrides(**ONE_SHOT)
     with pytest.raises(RaysimError, match="transfer_steps=1 gives some of the 2 distillation epochs"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + source + ["algorithm.transfer_steps=1"])
-    with pytest.raises(RaysimError, match="transfer_pool must be whole or growing"):
+    with pytest.raises(RaysimError, match="'algorithm.transfer_pool' must be one of whole, growing, got 'all'"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + source + ["algorithm.transfer_pool=all"])
 
 
@@ -177,7 +178,7 @@ def test_fedaf_cdc_goes_through_the_resampled_model_by_default_and_the_global_on
     off = {"algorithm.lambda_loc": 0.0}
     without = condensed(tmp_path, "off-global", **{**off, "algorithm.cdc_model": "global"})[0]
     np.testing.assert_array_equal(condensed(tmp_path, "off-resampled", **off)[0], without)
-    with pytest.raises(RaysimError, match="cdc_model must be resampled or global"):
+    with pytest.raises(RaysimError, match="'algorithm.cdc_model' must be one of resampled, global"):
         load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**{**TINY_FEDAF, "algorithm.cdc_model": "w"}))
 
 
@@ -198,7 +199,7 @@ def test_fedaf_resampled_u_is_the_mean_logit_of_the_dm_pass(tmp_path):
     torch.testing.assert_close(net.classifier(means.syn_features), per_image.mean(1), rtol=1e-4, atol=1e-5)
     # the CDC loss of both points conventions has a gradient on the images through w'
     for points in ("mean", "per_image"):
-        algo.params.cdc_points = points
+        algo.params = replace(algo.params, cdc_points=points)
         loss = algo.extra_condensation_loss(payload, means, syn, [0, 1, 2], 5, ctx)
         (grad,) = torch.autograd.grad(loss, syn, retain_graph=True)
         assert float(grad.norm()) > 0

@@ -123,3 +123,29 @@ def test_the_server_is_built_from_a_handful_of_objects():
     for cls in (ServerRuntime, ServerActor.__ray_metadata__.modified_class):
         parameters = [p for p in inspect.signature(cls.__init__).parameters if not p.startswith("_")]
         assert len(parameters) - 1 <= 5, (cls, parameters)
+
+
+# Modules of raysim outside raysim.config that import nothing of raysim but each other: what the
+# config package may import beside itself.
+CONFIG_MAY_IMPORT = {"raysim.errors"}
+
+
+def test_the_config_package_imports_nothing_of_raysim_above_it():
+    """raysim.config is the bottom layer (schema, parsing, files): resolving an algorithm's Params
+    (raysim.experiment) and a table's cell by name (raysim.reproduce.named) are above it."""
+    files = module_files()
+    known = set(files)
+    leaves = {n: imports_of(files[n], n, known) for n in CONFIG_MAY_IMPORT}
+    assert not {n: i for n, i in leaves.items() if i}, f"not leaf utilities: {leaves}"
+    config = sorted(n for n in files if n == "raysim.config" or n.startswith("raysim.config."))
+    assert {"raysim.config.files", "raysim.config.parse", "raysim.config.schema"} <= set(config)
+    upward = {}
+    for name in config:
+        up = {
+            t
+            for t in imports_of(files[name], name, known)
+            if t != "raysim.config" and not t.startswith("raysim.config.") and t not in CONFIG_MAY_IMPORT
+        }
+        if up:
+            upward[name] = sorted(up)
+    assert not upward, f"raysim.config imports upward: {upward}"

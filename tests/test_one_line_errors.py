@@ -363,7 +363,7 @@ def test_what_ray_writes_while_it_connects_is_passed_on_once_the_cluster_answers
 def test_a_checkpoint_that_is_not_this_runs_model_is_refused_before_ray(case, words, tmp_path, raysim):
     """... and the refusal leaves the received directory as it was (no lock file added)."""
     from raysim.config import dump_config
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.outputs.run_dir import RunDir
     from raysim.runner import prepare
     from raysim.tensors import module_weights

@@ -37,9 +37,9 @@ from raysim.algorithms.oneshot.stratify import (
     stratification_scores,
 )
 from raysim.algorithms.oneshot.transfer import transfer_source
-from raysim.config.load import load_config
 from raysim.data.home import data_home
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.models import build_model
 from raysim.outputs.metrics import is_timing
 from raysim.runner import prepare
@@ -478,7 +478,7 @@ def test_one_shot_configuration_errors_are_one_clear_line():
         ("kd_optimizer", "lbfgs", "sgd, adam"),
         ("kd_schedule", "step", "constant, cosine"),
     ):
-        with pytest.raises(RaysimError, match=f"algorithm.{key} must be one of {allowed}, got '{value}'"):
+        with pytest.raises(RaysimError, match=f"'algorithm.{key}' must be one of {allowed}, got '{value}'"):
             load_config(ROOT / "configs" / "quickstart.yaml", base + [f"algorithm.{key}={value}"])
     with pytest.raises(RaysimError, match="algorithm.kd_grad_clip must be >= 0, got -1"):
         load_config(ROOT / "configs" / "quickstart.yaml", base + ["algorithm.kd_grad_clip=-1"])
@@ -504,7 +504,8 @@ def test_a_resumed_run_continues_to_the_same_numbers(six_methods, tmp_path, monk
     checkpointed: extending a finished run by an epoch equals running them at once. (Co-Boosting's
     cosine schedule spans the epochs planned when the run starts, so extending a run would anneal
     differently: it is compared on a constant rate here.)"""
-    from raysim.runner import resume_config, run_experiment
+    from raysim.resume import resume_config
+    from raysim.runner import run_experiment
 
     runs, cache = six_methods
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(cache))

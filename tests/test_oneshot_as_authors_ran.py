@@ -27,8 +27,8 @@ from raysim.algorithms.oneshot.ensemble import (
 )
 from raysim.algorithms.oneshot.losses import distillation_loss
 from raysim.algorithms.oneshot.transfer import to_shape
-from raysim.config.load import load_config
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.registry import class_and_params
 from tests.conftest import tiny_overrides
 from tests.test_oneshot import ONE_SHOT, ROOT, run, server_series
@@ -89,7 +89,7 @@ def test_fedhydra_teacher_is_the_papers_by_default_and_tempered_on_request():
     `tempered` (u^(1/tau) over the clients) lowers the largest client share of a skewed S, equal
     to the paper's rule at tau = 1."""
     from raysim.config.files import read_yaml
-    from raysim.config.load import as_made, config_from_dict
+    from raysim.experiment import as_made, config_from_dict
 
     u = np.array([[1950.0, 0.2, 0.0], [0.16, 900.0, 0.0], [3.0, 0.5, 0.0], [1.0, 1.0, 0.0]])  # class 2: all 0
     paper = algorithm()

@@ -70,8 +70,8 @@ def test_condensation_embeddings_and_trajectory_steps_compute_in_bfloat16_and_re
 
 
 def test_a_bad_precision_is_one_line():
-    from raysim.config.load import load_config
     from raysim.errors import RaysimError
+    from raysim.experiment import load_config
 
     with pytest.raises(RaysimError, match="resources.precision must be float32 or bfloat16, got 'float16'"):
         load_config("configs/quickstart.yaml", ["resources.precision=float16"])

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_fedavg_mnist_config_passes_94_percent_by_its_third_round(ray_session, tmp_path):
     """The shipped config on real MNIST, stopped after 3 of its 5 rounds to keep CI short
     (measured, seed 0: 0.756 0.906 0.955 0.966 0.972)."""
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.runner import run_experiment
 
     root = shared_data("mnist")

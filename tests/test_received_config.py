@@ -14,7 +14,7 @@ import pytest
 import ray
 import yaml
 
-from raysim.config.load import load_config
+from raysim.experiment import load_config
 from tests.conftest import experiment_without_data, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_a_resume_goes_where_the_command_says_never_where_the_stored_config_says
 
 
 def test_resume_config_drops_the_stored_address_and_keeps_one_given_on_the_command_line(tmp_path, capsys):
-    from raysim.runner import resume_config
+    from raysim.resume import resume_config
 
     run_dir = received_run(tmp_path)
     assert resume_config(run_dir).resources.address is None

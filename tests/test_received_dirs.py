@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from raysim.config.load import load_config
+from raysim.experiment import load_config
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -42,7 +42,7 @@ def finished_run(tmp_path_factory) -> Path:
     """A finished two-round run's folder as raysim leaves it (config, data.json, summary, checkpoint of
     its model), written without Ray: each test copies it."""
     from raysim.config import dump_config
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.outputs.run_dir import RunDir
     from raysim.runner import prepare
     from raysim.tensors import module_weights
@@ -69,7 +69,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 def real_run(tmp_path: Path) -> Path:
     """A finished two-round run, made in process (starts Ray: for slow tests)."""
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.outputs.run_lock import release_all
     from raysim.runner import run_experiment
 

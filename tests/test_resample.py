@@ -112,7 +112,7 @@ def test_cuda_actors_turn_on_deterministic_mode_and_follow_the_tf32_setting(monk
 def test_the_client_stage_cache_key_follows_tf32_on_a_gpu_only():
     from raysim.algorithms.oneshot.client_cache import client_stage_key
     from raysim.config.files import ROOT
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
 
     def key(*overrides):
         config = load_config(ROOT / "quickstart.yaml", list(overrides))

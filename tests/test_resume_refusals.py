@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config.load import load_config
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +28,8 @@ def two_rounds(tmp_path: Path, **extra) -> Path:
 
 
 def resume(run_dir: Path, *overrides: str):
-    from raysim.runner import resume_config, run_experiment
+    from raysim.resume import resume_config
+    from raysim.runner import run_experiment
 
     return run_experiment(resume_config(run_dir, list(overrides)), run_dir)
 

@@ -138,7 +138,7 @@ def test_every_shipped_config_is_package_data():
 
 
 def test_a_users_file_extends_a_shipped_cell_and_changes_one_key(tmp_path, monkeypatch):
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
 
     monkeypatch.chdir(tmp_path)
     Path("mine.yaml").write_text("extends: fedaf/cifar10_cpu\nrounds: 2\nalgorithm: {ipc: 5}\n")
@@ -149,7 +149,7 @@ def test_a_users_file_extends_a_shipped_cell_and_changes_one_key(tmp_path, monke
 
 
 def test_extends_another_algorithm_replaces_the_algorithm_section(tmp_path):
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
 
     (tmp_path / "fedavg_here.yaml").write_text("extends: fedaf/cifar10_cpu\nalgorithm: {name: fedavg}\n")
     config = load_config(tmp_path / "fedavg_here.yaml")

@@ -385,8 +385,8 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
 
 
 def test_a_run_of_a_table_cell_by_name(monkeypatch):
-    from raysim.config.named import load_named_config
     from raysim.data.home import dataset_folder
+    from raysim.reproduce.named import load_named_config
 
     monkeypatch.setenv("RAYSIM_DATA", DATA)
     config = load_named_config("dcfl_table2:fmnist_ck2:dcfl_fedprox", ["seed=2"])
@@ -418,7 +418,7 @@ def test_a_method_with_its_own_config_per_cell_and_overrides_per_scale():
 
 def test_a_table_given_to_raysim_run_says_how_to_run_it_and_configs_does_not_list_tables():
     from raysim.config.files import list_configs
-    from raysim.config.named import load_named_config
+    from raysim.reproduce.named import load_named_config
 
     with pytest.raises(RaysimError, match="is a paper's table, not a config: run it with 'raysim reproduce smoke"):
         load_named_config("tables/smoke", [])

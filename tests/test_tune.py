@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from raysim.config import ResourcesConfig
-from raysim.config.load import load_config
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.sweep import load_sweep
 from raysim.tuning import trial_bundles
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.config.load import load_config
 from raysim.data.arrays import with_validation_split
 from raysim.data.embedded import embedded_source
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from tests.conftest import tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -45,7 +45,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm, ClientData, Context, Reply, added_param
+from raysim.algorithm import Algorithm, ClientData, Context, NonNegativeInt, PositiveInt, Reply, added_param
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.matching import ClassMeans, class_means, distribution_distance, real_batch_indices
 from raysim.algorithms.condensed.synthetic import (
@@ -56,7 +56,6 @@ from raysim.algorithms.condensed.synthetic import (
     to_pixels,
     train_on_synthetic,
 )
-from raysim.errors import RaysimError
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 
@@ -64,22 +63,25 @@ PREVIEW_PER_CLASS = 10  # condensed images per class kept for the TensorBoard gr
 GRAD_RATIO_EVERY = 10  # condensation steps between two measurements of the extra term's gradient share
 
 
-@dataclass
+Init = Literal["real", "average", "noise"]  # the condensed images' start: real images, class averages, noise
+
+
+@dataclass(frozen=True)
 class CondensationParams:
-    ipc: int = 50  # condensed images per class
-    steps: int = 1000  # condensation iterations per round
+    ipc: PositiveInt = 50  # condensed images per class
+    steps: PositiveInt = 1000  # condensation iterations per round
     image_lr: float = 1.0
     image_momentum: float = 0.9
-    real_batch: int = 256  # real images per class per step
-    init: str = "real"  # real | average | noise
-    init_average_of: int = 10  # images averaged per initial image (init=average)
+    real_batch: PositiveInt = 256  # real images per class per step
+    init: Init = "real"
+    init_average_of: PositiveInt = 10  # images averaged per initial image (init=average)
     dsa: bool = True  # differentiable siamese augmentation while matching
     # All classes in one forward pass. false = DM's per-class loop (~1.7x faster on 2 CPU cores, see
     # `raysim bench condense`), which with batch norm normalises each class on its own and so removes
     # the class means DM matches: on CIFAR-10 it condensed worse sets (round-1 accuracy .33 vs .36).
     dm_batched: bool = True
-    server_epochs: int = 500
-    server_batch: int = 256
+    server_epochs: NonNegativeInt = 500
+    server_batch: PositiveInt = 256
     server_lr: float = 0.001
     server_momentum: float = 0.9
     server_dsa: bool = True  # augment condensed images while the server trains on them
@@ -87,17 +89,8 @@ class CondensationParams:
     # uint8 pixels (1 byte per pixel and channel), false float32 normalised images (4 bytes).
     quantize_uint8: bool = False
 
-    def validate(self):
-        for name in ("ipc", "steps", "real_batch", "server_batch", "init_average_of"):
-            if getattr(self, name) < 1:
-                raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
-        if self.server_epochs < 0:
-            raise RaysimError(f"algorithm.server_epochs must be >= 0, got {self.server_epochs}")
-        if self.init not in ("real", "average", "noise"):
-            raise RaysimError(f"algorithm.init must be real, average or noise, got '{self.init}'")
 
-
-@dataclass
+@dataclass(frozen=True)
 class ServerSetsParams(CondensationParams):
     """FedDM's and FedAF's parameters: the condensation's and which sets the server trains on."""
 

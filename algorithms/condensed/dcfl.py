@@ -103,71 +103,74 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.algorithm import Algorithm, Broadcast, ClientData, Context, Reply
+from raysim.algorithm import (
+    Algorithm,
+    Broadcast,
+    ClientData,
+    Context,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Reply,
+)
 from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen, train_server_model
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.similarity import linear_cka, spearman
 from raysim.algorithms.condensed.synthetic import as_images, set_labels
+from raysim.config.parse import Bound, build_dataclass
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
 from raysim.seeding import SERVER, numpy_rng, torch_generator
 from raysim.tensors import load_weights, module_weights
 from raysim.training import make_optimizer, train
 
-BASES = ("fedavg", "fedprox", "fednova", "feddisco")
+Base = Literal["fedavg", "fedprox", "fednova", "feddisco"]
 BASE_PARAMS = ("mu", "a", "b")  # the bases' own parameters, forwarded when set
-CKA_SOURCES = ("initial", "update", "latest")
-GROUPINGS = ("cka", "random", "cka_sampled")
 CLASSIFIER = "classifier.weight"
 
 
-@dataclass
+@dataclass(frozen=True)
 class DCFLParams(CondensationParams):
-    ipc: int = 10
+    ipc: PositiveInt = 10
     image_momentum: float = 0.5  # DM's
-    server_epochs: int = 200  # pre-training ServerUpdate (the paper gives no settings)
+    server_epochs: NonNegativeInt = 200  # pre-training ServerUpdate (the paper gives no settings)
     server_lr: float = 0.01
-    base: str = "fedavg"
+    base: Base = "fedavg"
     mu: float | None = None  # FedProx
     a: float | None = None  # FedDisco
     b: float | None = None  # FedDisco
-    pretrain_rounds: int = 1  # M
-    pretrain_fraction: float = 0.25  # C_pre
-    selection: str = "cka"  # cka (eq. 4) | random (Table IV)
-    cka_on: str = "initial"  # what M compares: initial | update | latest (module docstring)
-    grouping: str = "cka"  # who a returning client gets data from: cka | random (the control) | cka_sampled
-    group_temperature: float = 0.5  # cka_sampled: the most dissimilar is exp(1 / T) times as likely as the most similar
-    epsilon: float = 0.5  # fraction of a round's clients chosen by exploitation
-    complement: str = "low"  # which CKA neighbours make a client's group: low | high
-    group_size: int = 0  # 0: participants per round - 1
-    filter_ratio: float = 0.0  # r
-    use_condensed: str = "finetune"  # none | mix | finetune
-    finetune_epochs: int = 20  # E_s (chosen on validation data: experiments/dcfl/README.md)
+    pretrain_rounds: NonNegativeInt = 1  # M
+    pretrain_fraction: Annotated[float, Bound(gt=0, le=1)] = 0.25  # C_pre
+    selection: Literal["cka", "random"] = "cka"  # cka (eq. 4) | random (Table IV)
+    cka_on: Literal["initial", "update", "latest"] = "initial"  # what M compares (module docstring)
+    # who a returning client gets data from: cka | random (the control) | cka_sampled
+    grouping: Literal["cka", "random", "cka_sampled"] = "cka"
+    # cka_sampled: the most dissimilar is exp(1 / T) times as likely as the most similar
+    group_temperature: PositiveFloat = 0.5
+    epsilon: Annotated[float, Bound(ge=0, le=1)] = 0.5  # fraction of a round's clients chosen by exploitation
+    complement: Literal["low", "high"] = "low"  # which CKA neighbours make a client's group
+    group_size: NonNegativeInt = 0  # 0: participants per round - 1
+    filter_ratio: Annotated[float, Bound(ge=0, lt=1)] = 0.0  # r
+    use_condensed: Literal["none", "mix", "finetune"] = "finetune"
+    finetune_epochs: NonNegativeInt = 20  # E_s (chosen on validation data: experiments/dcfl/README.md)
     finetune_lr: float = 0.001  # eta_s
-    finetune_batch: int = 32  # B_s
+    finetune_batch: PositiveInt = 32  # B_s
     train_dsa: bool = True  # DSA on the clients' training batches
     match_gamma: float = 0.0  # 0: DM's random networks; 1: the received global model
 
-    def validate(self):
-        CondensationParams.validate(self)
-        choices = {
-            "base": BASES,
-            "selection": ("cka", "random"),
-            "cka_on": CKA_SOURCES,
-            "grouping": GROUPINGS,
-            "complement": ("low", "high"),
-            "use_condensed": ("none", "mix", "finetune"),
-        }
-        for key, allowed in choices.items():
-            if getattr(self, key) not in allowed:
-                raise RaysimError(f"algorithm.{key} must be one of {', '.join(allowed)}, got '{getattr(self, key)}'")
+    def __post_init__(self):
+        self.check_base_params()
+        self.check_filter_needs_condensed()
+
+    def check_base_params(self) -> None:
+        """mu, a and b are forwarded to the base: each must be one of its parameters."""
         own = {f.name for f in fields(algorithm_class(self.base).Params)}
         foreign = [k for k in BASE_PARAMS if getattr(self, k) is not None and k not in own]
         if foreign:
@@ -175,31 +178,19 @@ class DCFLParams(CondensationParams):
                 f"algorithm.{foreign[0]} is not a parameter of base '{self.base}': remove it "
                 f"or set algorithm.base to the algorithm it belongs to"
             )
-        if not 0 <= self.epsilon <= 1 or not 0 <= self.filter_ratio < 1 or not 0 < self.pretrain_fraction <= 1:
-            raise RaysimError(
-                "algorithm.epsilon must be in [0, 1], algorithm.filter_ratio in [0, 1) and "
-                "algorithm.pretrain_fraction in (0, 1]"
-            )
-        for key in ("pretrain_rounds", "group_size", "finetune_epochs"):
-            if getattr(self, key) < 0:
-                raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
+
+    def check_filter_needs_condensed(self) -> None:
         if self.use_condensed == "none" and self.filter_ratio > 0:
             raise RaysimError(
                 f"algorithm.filter_ratio={self.filter_ratio} filters the condensed sets sent to returning clients, "
                 "and use_condensed: none sends none: set filter_ratio=0 or use_condensed to mix or finetune"
             )
-        if not self.group_temperature > 0:
-            raise RaysimError(f"algorithm.group_temperature must be > 0, got {self.group_temperature}")
-        if self.finetune_batch < 1:
-            raise RaysimError(f"algorithm.finetune_batch must be >= 1, got {self.finetune_batch}")
 
 
 def make_base(params: DCFLParams, config) -> Algorithm:
     cls = algorithm_class(params.base)
     given = {k: getattr(params, k) for k in BASE_PARAMS if getattr(params, k) is not None}
-    base_params = cls.Params(**given)
-    if hasattr(base_params, "validate"):
-        base_params.validate()
+    base_params = build_dataclass(cls.Params, given, "algorithm")  # the base's ranges checked
     return cls(base_params, config)
 
 

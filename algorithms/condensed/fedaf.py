@@ -49,17 +49,18 @@ Ablations: without CDC lambda_loc = 0, without LGKM lambda_glob = 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 
-from raysim.algorithm import added_param
-from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, ServerSetsParams, frozen
+from raysim.algorithm import NonNegativeFloat, PositiveFloat, added_param
+from raysim.algorithms.condensed._common import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.matching import class_mean_logits, soft_labels, symmetric_kl
 from raysim.algorithms.condensed.wasserstein import sliced_wasserstein
-from raysim.errors import RaysimError
+from raysim.config.parse import Bound
 from raysim.tensors import load_weights
 
 
@@ -69,38 +70,23 @@ class FedAF(CondensedDataAlgorithm):
     summary = "FedAF: collaborative condensation (CDC) + local-global knowledge matching (LGKM), no aggregation"
     _step_model: torch.nn.Module | None = None  # the re-sampled model of the current condensation step
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(ServerSetsParams):
-        init: str = "average"  # class-wise averages of random real images
-        gamma: float = 0.9  # model re-sampling coefficient (eq. 17)
-        lambda_loc: float = 1e-4  # CDC weight (eq. 10); 0 = "without CDC"
-        lambda_glob: float = 1e-2  # LGKM weight (eq. 14); 0 = "without LGKM"
-        temperature: float = 2.0  # tau of eq. 11 and 13
+        init: Init = "average"  # class-wise averages of random real images
+        gamma: Annotated[float, Bound(ge=0, le=1)] = 0.9  # model re-sampling coefficient (eq. 17)
+        lambda_loc: NonNegativeFloat = 1e-4  # CDC weight (eq. 10); 0 = "without CDC"
+        lambda_glob: NonNegativeFloat = 1e-2  # LGKM weight (eq. 14); 0 = "without LGKM"
+        temperature: PositiveFloat = 2.0  # tau of eq. 11 and 13
         swd_projections: int = 64
         # How F(u_{k,c}, v_c) of eq. 10 reduces the sliced distance (see algorithms/condensed/wasserstein.py):
         # "sum_squared": squared gaps summed over the projections; "root_mean": SWD_2 (POT's convention).
-        swd: str = "sum_squared"
+        swd: Literal["sum_squared", "root_mean"] = "sum_squared"
         # The local side of F: "mean" = u_{k,c}, the class's mean logit (eq. 6); "per_image" = the
         # distribution of the class's per-image logits, each compared with v_c.
-        cdc_points: str = "mean"
+        cdc_points: Literal["mean", "per_image"] = "mean"
         # The model of u_{k,c} (eq. 6): "resampled" = the step's w' of eq. 17, as the DM term sees it;
         # "global" = the received global model, in eval mode on un-augmented images (as v of eq. 5).
-        cdc_model: str = added_param("resampled", before="global")
-
-        def validate(self):
-            CondensationParams.validate(self)
-            if not 0.0 <= self.gamma <= 1.0:
-                raise RaysimError(f"algorithm.gamma must be in [0, 1], got {self.gamma}")
-            if self.lambda_loc < 0 or self.lambda_glob < 0:
-                raise RaysimError("algorithm.lambda_loc and algorithm.lambda_glob must be >= 0")
-            if self.temperature <= 0:
-                raise RaysimError(f"algorithm.temperature must be > 0, got {self.temperature}")
-            if self.swd not in ("sum_squared", "root_mean"):
-                raise RaysimError(f"algorithm.swd must be sum_squared or root_mean, got '{self.swd}'")
-            if self.cdc_points not in ("mean", "per_image"):
-                raise RaysimError(f"algorithm.cdc_points must be mean or per_image, got '{self.cdc_points}'")
-            if self.cdc_model not in ("resampled", "global"):
-                raise RaysimError(f"algorithm.cdc_model must be resampled or global, got '{self.cdc_model}'")
+        cdc_model: Literal["resampled", "global"] = added_param("resampled", before="global")
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, ServerSetsParams, frozen
+from raysim.algorithm import NonNegativeFloat
+from raysim.algorithms.condensed._common import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
 from raysim.algorithms.condensed.match_models import perturb_model
-from raysim.errors import RaysimError
 
 
 class FedDM(CondensedDataAlgorithm):
@@ -30,17 +30,12 @@ class FedDM(CondensedDataAlgorithm):
     summary = "FedDM: clients condense data by DM around the global model; server trains on the union"
     match_logits = True
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(ServerSetsParams):
         image_momentum: float = 0.9
-        init: str = "average"
-        rho: float = 5.0  # radius of the ball models are sampled on
+        init: Init = "average"
+        rho: NonNegativeFloat = 5.0  # radius of the ball models are sampled on
         clip_grad: float = 2.0  # max norm of the image gradient (0: no clipping)
-
-        def validate(self):
-            CondensationParams.validate(self)
-            if self.rho < 0:
-                raise RaysimError(f"algorithm.rho must be >= 0, got {self.rho}")
 
     def matching_model(self, payload, client, ctx, seed):
         net = frozen(ctx.model("match"))

@@ -42,14 +42,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 
+from raysim.algorithm import PositiveInt
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.synthetic import to_pixels
 from raysim.algorithms.dynafed.trajectory import classifier_names, distance_after_training, synthesize
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.config.parse import Bound
 from raysim.errors import RaysimError
 from raysim.macs import paused
 from raysim.seeding import SERVER, torch_generator
@@ -85,16 +88,17 @@ class DynaFed(FedAvg):
     summary = "DynaFed: FedAvg + server-side data synthesised from the early global trajectory, then fine-tuning"
     work_keys = {"local.epochs": "clients", "algorithm.iterations": "server", "algorithm.finetune_epochs": "server"}
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
-        trajectory_rounds: int = 20  # L: rounds whose global models form the trajectory
-        horizon: int = 5  # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
-        inner_steps: int = 20  # s': unrolled SGD steps on D_syn
-        target_average: int = 2  # checkpoints averaged into the target (paper: 2)
+        trajectory_rounds: PositiveInt = 20  # L: rounds whose global models form the trajectory
+        horizon: PositiveInt = 5  # s: checkpoints ahead of w_t that the target is taken from (paper: 5)
+        inner_steps: PositiveInt = 20  # s': unrolled SGD steps on D_syn
+        target_average: PositiveInt = 2  # checkpoints averaged into the target (paper: 2)
         target_average_max: int = 2  # draw their number from [target_average, this] (authors' code: 3)
-        ipc: int = 15  # synthetic images per class (|D_syn| = ipc x classes)
-        iterations: int = 3000  # N: synthesis iterations
-        syn_batch: int = 0  # images per unrolled step; 0: all of D_syn (authors' code)
+        ipc: PositiveInt = 15  # synthetic images per class (|D_syn| = ipc x classes)
+        iterations: PositiveInt = 3000  # N: synthesis iterations
+        # images per unrolled step; 0: all of D_syn (authors' code)
+        syn_batch: Annotated[int, Bound(ge=0, why="0: all of D_syn")] = 0
         # true: hold one unrolled step's graph at a time and rebuild each during the backward pass (same
         # gradients to float rounding, memory of 1 step instead of s', about one more pass per step);
         # the way to the authors' whole-set steps where they do not fit in GPU memory (CIFAR-100).
@@ -111,45 +115,28 @@ class DynaFed(FedAvg):
         # the part no synthetic set can reach.
         shift_invariant: bool = False
         finetune_epochs: int = 20
-        finetune_batch: int = 256
+        finetune_batch: PositiveInt = 256
         finetune_lr: float = 1e-4  # Adam
         # Fine-tuning leaves batch norm's running statistics as aggregated from the clients' real data:
         # D_syn's own statistics are not the data's (the authors' code re-estimates them on D_syn: false).
         finetune_keeps_bn_statistics: bool = True
         diagnostics: bool = True  # Figure 6 distances and the D_syn-only accuracy, once at round L
-        diagnostic_segments: int = 10
+        diagnostic_segments: PositiveInt = 10
         # How syn_only_accuracy trains a fresh model on D_syn alone. "sgd": the authors' evaluate_synset,
         # SGD at D_syn's learned step size (momentum 0.9, weight decay 5e-4) and a tenth of it after
         # half the epochs; "adam": Adam at lr 1e-3 throughout.
-        syn_only_optimizer: str = "sgd"
-        syn_only_epochs: int = 500
-        syn_only_repeats: int = 3  # trainings from the same initial model, averaged (authors' code: 3)
+        syn_only_optimizer: Literal[SYN_ONLY_OPTIMIZERS] = "sgd"
+        syn_only_epochs: PositiveInt = 500
+        syn_only_repeats: PositiveInt = 3  # trainings from the same initial model, averaged (authors' code: 3)
         # Seed of the synthesis alone (initial noise, segments, augmentations); None: the run's seed.
         # Another value keeps the federation and its trajectory and redraws only D_syn's randomness.
         synthesis_seed: int | None = None
 
-        def validate(self):
-            for name in (
-                "trajectory_rounds",
-                "horizon",
-                "inner_steps",
-                "target_average",
-                "ipc",
-                "iterations",
-                "finetune_batch",
-                "diagnostic_segments",
-                "syn_only_epochs",
-                "syn_only_repeats",
-            ):
-                if getattr(self, name) < 1:
-                    raise RaysimError(f"algorithm.{name} must be >= 1, got {getattr(self, name)}")
-            if self.syn_only_optimizer not in SYN_ONLY_OPTIMIZERS:
-                raise RaysimError(
-                    f"algorithm.syn_only_optimizer must be one of {', '.join(SYN_ONLY_OPTIMIZERS)}, "
-                    f"got {self.syn_only_optimizer!r}"
-                )
-            if self.syn_batch < 0:
-                raise RaysimError(f"algorithm.syn_batch must be >= 0 (0: all of D_syn), got {self.syn_batch}")
+        def __post_init__(self):
+            self.check_trajectory()
+
+        def check_trajectory(self) -> None:
+            """The target's checkpoints (horizon, how many are averaged) within the trajectory."""
             if self.target_average_max < self.target_average:
                 raise RaysimError(
                     f"algorithm.target_average_max ({self.target_average_max}) must be >= "

@@ -22,7 +22,7 @@ class FedAvg(Algorithm):
     name = "fedavg"
     summary = "FedAvg: size-weighted average of locally trained models"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         pass
 

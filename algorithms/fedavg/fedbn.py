@@ -20,7 +20,7 @@ class FedBN(FedAvg):
     name = "fedbn"
     summary = "FedBN: BatchNorm layers stay local, the rest is averaged"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         pass
 

@@ -22,7 +22,7 @@ class FedDisco(FedAvg):
     name = "feddisco"
     summary = "FedDisco: aggregation weights from size and label-distribution discrepancy"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         a: float = 0.5
         b: float = 0.1

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from raysim.algorithm import PositiveFloat
 from raysim.algorithms.fedavg._params import as_tensors, param_names, squared_distance, zeros_like_params
 from raysim.algorithms.fedavg.fedavg import FedAvg
-from raysim.errors import RaysimError
 from raysim.tensors import weighted_average
 from raysim.training import cross_entropy_loss
 
@@ -25,13 +25,9 @@ class FedDyn(FedAvg):
     summary = "FedDyn: dynamic regulariser with per-client gradient state"
     per_parameter_state = ("h",)
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
-        alpha: float = 0.01  # FedAF's setting
-
-        def validate(self):
-            if self.alpha <= 0:
-                raise RaysimError(f"algorithm.alpha must be > 0 for FedDyn, got {self.alpha}")
+        alpha: PositiveFloat = 0.01  # FedAF's setting
 
     def server_init(self, model, ctx):
         return {"weights": super().server_init(model, ctx)["weights"], "h": zeros_like_params(model)}

@@ -27,7 +27,7 @@ class FedNova(FedAvg):
     name = "fednova"
     summary = "FedNova: normalised averaging by each client's number of local steps"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         pass
 

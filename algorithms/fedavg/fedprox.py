@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raysim.algorithm import NonNegativeFloat
 from raysim.algorithms.fedavg._params import as_tensors, param_names, squared_distance
 from raysim.algorithms.fedavg.fedavg import FedAvg
-from raysim.errors import RaysimError
 from raysim.training import cross_entropy_loss
 
 
@@ -14,13 +14,9 @@ class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: FedAvg with a proximal term mu/2 ||w - w_global||^2"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
-        mu: float = 0.001  # FedAF's setting
-
-        def validate(self):
-            if self.mu < 0:
-                raise RaysimError(f"algorithm.mu must be >= 0, got {self.mu}")
+        mu: NonNegativeFloat = 0.001  # FedAF's setting
 
     def local_loss(self, payload, client, ctx):
         model = ctx.model()

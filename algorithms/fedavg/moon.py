@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from raysim.algorithm import NonNegativeFloat, PositiveFloat
 from raysim.algorithms.fedavg.fedavg import FedAvg
-from raysim.errors import RaysimError
 from raysim.tensors import load_weights, module_weights
 
 
@@ -24,16 +24,10 @@ class Moon(FedAvg):
     name = "moon"
     summary = "MOON: model-contrastive loss against the global and previous local model"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
-        mu: float = 1.0  # FedAF's setting
-        temperature: float = 0.5
-
-        def validate(self):
-            if self.mu < 0:
-                raise RaysimError(f"algorithm.mu must be >= 0, got {self.mu}")
-            if not self.temperature > 0:  # 0 divides the similarities by zero: the run learns nothing
-                raise RaysimError(f"algorithm.temperature must be > 0, got {self.temperature}")
+        mu: NonNegativeFloat = 1.0  # FedAF's setting
+        temperature: PositiveFloat = 0.5  # 0 divides the similarities by zero: the run learns nothing
 
     def local_loss(self, payload, client, ctx):
         global_model, previous_model = ctx.model("moon_global"), ctx.model("moon_previous")

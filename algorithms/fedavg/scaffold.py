@@ -73,7 +73,7 @@ class Scaffold(FedAvg):
     summary = "SCAFFOLD: control variates c, c_i correct client drift (per-client state)"
     per_parameter_state = ("control",)
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params:
         global_lr: float = 1.0
         # The weights of both means, the models' and the control changes': "population" = each

@@ -58,7 +58,18 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from raysim.algorithm import Algorithm, ClientData, Context, ModelSpec, Reply, own_default
+from raysim.algorithm import (
+    Algorithm,
+    ClientData,
+    Context,
+    ModelSpec,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Reply,
+    own_default,
+)
 from raysim.algorithms.oneshot import client_cache
 from raysim.algorithms.oneshot.augment import AUGMENTATIONS
 from raysim.algorithms.oneshot.datafree import add_to_pool, distill_epoch, synthesize
@@ -71,60 +82,46 @@ from raysim.seeding import MODEL_INIT, SERVER, derive_seed, torch_generator
 from raysim.tensors import load_weights, module_weights, serialized_nbytes
 from raysim.training import local_train, to_cpu
 
+# what the ensemble and the student see of synthetic (or transfer) images: an augmentation, or auto
+Augment = Literal[(*AUGMENTATIONS, "auto")]
+KDOptimizer = Literal["sgd", "adam"]
+KDSchedule = Literal["constant", "cosine"]  # cosine: annealed to 0 over a global round's epochs
 
-@dataclass
+
+@dataclass(frozen=True)
 class OneShotParams:
-    """Keys every one-shot method takes, so that one config runs all six by changing algorithm.name."""
+    """Keys every one-shot method takes, so that one config runs all six by changing algorithm.name.
+    A method with a distillation KL (DENSE, Co-Boosting, FedDF, FedHydra) adds its `temperature` (> 0)."""
 
-    global_rounds: int = 1  # T (Table 5): client rounds, each followed by its distillation epochs
+    global_rounds: PositiveInt = 1  # T (Table 5): client rounds, each followed by its distillation epochs
     cache_client_stage: bool = True  # reuse the first client stage across methods (client_cache)
     # the clients' first weights: shared (one initialisation per architecture) or independent (each
     # client's own, from the seed and its id: the OT fusion paper's models); a key of the client stage
     client_init: Literal["shared", "independent"] = "shared"
     # the generator (DENSE, Co-Boosting, FedHydra; FedDF's `generator` source)
-    nz: int = 256
-    ngf: int = 64
-    generator_steps: int = 30  # T_G: generator steps per synthesis
-    generator_lr: float = own_default(1e-3)
-    synthesis_batch: int = 256  # images per synthesis (one synthesis per distillation epoch)
-    pool_size: int = 0  # newest images kept in the pool; 0 keeps all (the authors)
+    nz: PositiveInt = 256
+    ngf: PositiveInt = 64
+    generator_steps: NonNegativeInt = 30  # T_G: generator steps per synthesis
+    generator_lr: PositiveFloat = own_default(1e-3)
+    synthesis_batch: PositiveInt = 256  # images per synthesis (one synthesis per distillation epoch)
+    pool_size: NonNegativeInt = 0  # newest images kept in the pool; 0 keeps all (the authors)
     stratify_steps: int = 20  # FedHydra's model stratification: generator steps per (client, class) ...
     stratify_batch: int = 256  # ... and its batch (the authors' code)
     # augmentation of synthetic (or transfer) images: crop_flip | flip | none, or auto: as the
     # method's authors' code does on this dataset (each method's docstring); `augment: false` turns
     # every augmentation off (FedHydra's stratification included)
     augment: bool = True
-    synthesis_augment: str = own_default("auto")  # what the ensemble and the student see while the generator trains
-    distill_augment: str = own_default("auto")  # what they see of the pool during distillation
-    generator_grad_clip: float = own_default(0.0)  # > 0: the generator's gradient norm is clipped to it
+    synthesis_augment: Augment = own_default("auto")  # what the ensemble and the student see while the generator trains
+    distill_augment: Augment = own_default("auto")  # what they see of the pool during distillation
+    generator_grad_clip: NonNegativeFloat = own_default(0.0)  # > 0: the generator's gradient norm is clipped to it
     # distillation into the server model
-    kd_batch: int = 256
-    kd_optimizer: str = own_default("sgd")  # sgd | adam
-    kd_lr: float = own_default(0.01)
+    kd_batch: PositiveInt = 256
+    kd_optimizer: KDOptimizer = own_default("sgd")
+    kd_lr: PositiveFloat = own_default(0.01)
     kd_momentum: float = own_default(0.9)  # sgd only
-    kd_weight_decay: float = own_default(0.0)
-    kd_schedule: str = own_default("constant")  # constant | cosine (annealed to 0 over a global round's epochs)
-    kd_grad_clip: float = own_default(0.0)  # > 0: the student's gradient norm is clipped to it
-
-    def validate(self) -> None:
-        for key in ("global_rounds", "nz", "ngf", "synthesis_batch", "kd_batch"):
-            if getattr(self, key) < 1:
-                raise RaysimError(f"algorithm.{key} must be >= 1, got {getattr(self, key)}")
-        for key, allowed in (
-            ("synthesis_augment", (*AUGMENTATIONS, "auto")),
-            ("distill_augment", (*AUGMENTATIONS, "auto")),
-            ("kd_optimizer", ("sgd", "adam")),
-            ("kd_schedule", ("constant", "cosine")),
-        ):
-            if getattr(self, key) not in allowed:
-                raise RaysimError(f"algorithm.{key} must be one of {', '.join(allowed)}, got '{getattr(self, key)}'")
-        for key in ("generator_steps", "pool_size", "generator_grad_clip", "kd_grad_clip", "kd_weight_decay"):
-            if getattr(self, key) < 0:
-                raise RaysimError(f"algorithm.{key} must be >= 0, got {getattr(self, key)}")
-        # `temperature`: the distillation KL's, for the methods that have one (DENSE, Co-Boosting, FedDF, FedHydra)
-        for key in ("generator_lr", "kd_lr", *(["temperature"] if hasattr(self, "temperature") else [])):
-            if not getattr(self, key) > 0:
-                raise RaysimError(f"algorithm.{key} must be > 0, got {getattr(self, key)}")
+    kd_weight_decay: NonNegativeFloat = own_default(0.0)
+    kd_schedule: KDSchedule = own_default("constant")
+    kd_grad_clip: NonNegativeFloat = own_default(0.0)  # > 0: the student's gradient norm is clipped to it
 
 
 class OneShot(Algorithm):

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
+from raysim.algorithm import NonNegativeFloat, PositiveFloat
+from raysim.algorithms.oneshot._common import DataFreeDistillation, KDSchedule, OneShotParams
 from raysim.algorithms.oneshot.augment import augment_images
 from raysim.algorithms.oneshot.ensemble import weighted_logits
 from raysim.algorithms.oneshot.losses import adversarial_loss, distillation_loss, hard_sample_cross_entropy, ods_perturb
@@ -45,7 +46,7 @@ class CoBoosting(DataFreeDistillation):
     name = "coboosting"
     summary = "Co-Boosting: hard-sample synthesis, learned ensemble weights, ODS-perturbed distillation"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(OneShotParams):
         hard_sample_power: float = 1.0  # hs
         adv_weight: float = 1.0
@@ -53,11 +54,11 @@ class CoBoosting(DataFreeDistillation):
         mu: float = 0.01  # ensemble-weight step
         weight_decay_rate: float = 0.99  # wdc: the step's decay per epoch
         ods_eta: float = 4 / 255  # ODS step, in pixel units (their 8/255 on inputs normalised with std 0.5)
-        temperature: float = 4.0
-        kd_weight_decay: float = 1e-4
-        kd_schedule: str = "cosine"
-        kd_grad_clip: float = 10.0
-        generator_grad_clip: float = 10.0
+        temperature: PositiveFloat = 4.0
+        kd_weight_decay: NonNegativeFloat = 1e-4
+        kd_schedule: KDSchedule = "cosine"
+        kd_grad_clip: NonNegativeFloat = 10.0
+        generator_grad_clip: NonNegativeFloat = 10.0
 
     def after_client_stage(self, state, round_index, ctx):
         state = super().after_client_stage(state, round_index, ctx)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch.nn.functional as F
 
+from raysim.algorithm import PositiveFloat
 from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.losses import adversarial_loss, distillation_loss
 
@@ -35,13 +36,13 @@ class Dense(DataFreeDistillation):
     name = "dense"
     summary = "DENSE: one-shot, generator trained against the average ensemble, then distillation"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(OneShotParams):
         ce_weight: float = 1.0
         bn_weight: float = 0.0  # as their code ran (no BN hook is found); the paper's loss: 1
         adv_weight: float = 1.0
-        temperature: float = 20.0
-        kd_lr: float = 0.005
+        temperature: PositiveFloat = 20.0
+        kd_lr: PositiveFloat = 0.005
 
     def authors_augmentation(self, phase, dataset):
         if phase == "synthesis" or "cifar" in dataset:

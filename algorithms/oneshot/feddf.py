@@ -40,12 +40,13 @@ validation split and every method reports best, final and last-5 over its epochs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
-from raysim.algorithm import added_param
-from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
+from raysim.algorithm import NonNegativeFloat, NonNegativeInt, PositiveFloat, added_param
+from raysim.algorithms.oneshot._common import DataFreeDistillation, KDOptimizer, KDSchedule, OneShotParams
 from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
 from raysim.algorithms.oneshot.losses import distillation_loss
@@ -61,34 +62,24 @@ class FedDF(DataFreeDistillation):
     name = "feddf"
     summary = "FedDF: distil the average ensemble into the server model on unlabelled data"
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(OneShotParams):
-        distill_source: str = "dataset"  # dataset | generator
+        distill_source: Literal["dataset", "generator"] = "dataset"
         distill_dataset: str = "auto"  # with distill_source=dataset: its name (e.g. mnist), or auto ...
         distill_root: str = ""  # ... and folder ("" = beside the dataset's folder)
         # with distill_source=dataset: whole (a stream over the whole transfer set, FedDF's code) or
         # growing (a pool growing by synthesis_batch an epoch; the 2-core scaling)
-        transfer_pool: str = added_param("whole", before="growing")
+        transfer_pool: Literal["whole", "growing"] = added_param("whole", before="growing")
         # whole: batches a global round takes from the stream, spread over its epochs (FedDF's
         # code: total_n_server_pseudo_batches=10000); 0 = one pass over the transfer set an epoch
-        transfer_steps: int = 10000
-        student_init: str = "auto"  # average | initial | auto (average when every client has the server's model)
-        temperature: float = 1.0
-        kd_optimizer: str = "adam"
-        kd_lr: float = 1e-3
-        kd_schedule: str = "cosine"
-        kd_grad_clip: float = 5.0
-
-        def validate(self) -> None:
-            super().validate()
-            if self.distill_source not in ("generator", "dataset"):
-                raise RaysimError(f"algorithm.distill_source must be dataset or generator, got '{self.distill_source}'")
-            if self.transfer_pool not in ("whole", "growing"):
-                raise RaysimError(f"algorithm.transfer_pool must be whole or growing, got '{self.transfer_pool}'")
-            if self.transfer_steps < 0:
-                raise RaysimError(f"algorithm.transfer_steps must be >= 0, got {self.transfer_steps}")
-            if self.student_init not in ("auto", "average", "initial"):
-                raise RaysimError(f"algorithm.student_init must be auto, average or initial, got '{self.student_init}'")
+        transfer_steps: NonNegativeInt = 10000
+        # average | initial | auto (average when every client has the server's model)
+        student_init: Literal["auto", "average", "initial"] = "auto"
+        temperature: PositiveFloat = 1.0
+        kd_optimizer: KDOptimizer = "adam"
+        kd_lr: PositiveFloat = 1e-3
+        kd_schedule: KDSchedule = "cosine"
+        kd_grad_clip: NonNegativeFloat = 5.0
 
         def streams(self) -> bool:
             """Whether each epoch reads the whole transfer set's stream (not a growing pool)."""

@@ -79,6 +79,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim.algorithm import PositiveFloat
 from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.ensemble import (
     max_client_share,
@@ -105,34 +106,36 @@ class FedHydra(DataFreeDistillation):
     work_keys = {**DataFreeDistillation.work_keys, "algorithm.stratify_steps": "server"}  # raysim bench cell
     work_minimum = {"algorithm.stratify_steps": 2}  # eq. 2 needs a loss curve
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(OneShotParams):
         lambda1: float = 1.0  # BN loss (eq. 16)
         lambda2: float = 1.0  # adversarial loss (eq. 16)
         beta: float = 1.0  # hard-label CE of the server model (eq. 19; their kl_alpha1)
         kl_weight: float = 1.0  # of the distillation KL (eq. 19; their kl_alpha2)
-        kl_reduction: str = "mean"  # mean (their KLCom) | batchmean
-        temperature: float = 1.0  # of the distillation KL (eq. 17)
-        # label_weighted (eq. 4-5) | label_weighted_raw (their code's reading) | stratified_eq8 (eq. 8-11) | mean (AE)
+        kl_reduction: Literal[KL_REDUCTIONS] = "mean"  # mean (their KLCom) | batchmean
+        temperature: PositiveFloat = 1.0  # of the distillation KL (eq. 17)
+        # label_weighted (eq. 4-5) | label_weighted_raw (their code's reading) | stratified_eq8 (eq. 8-11) | mean (AE);
+        # the names these had before (FORMER_NAMES) read as their new ones
         aggregation: str = "label_weighted"
         stratify_learn_z: bool = False  # also train the stratification generator's noise
         # the clients' weights per class: paper (eq. 4-5) | tempered (u^(1/stratify_temperature), normalised)
         stratify_weighting: Literal["paper", "tempered"] = "paper"
-        stratify_temperature: float = 4.0  # tau of `tempered` (1: the paper's rule); read by `tempered` only
+        stratify_temperature: PositiveFloat = 4.0  # tau of `tempered` (1: the paper's rule); read by `tempered` only
 
-        def validate(self) -> None:
-            super().validate()
-            self.aggregation = FORMER_NAMES.get(self.aggregation, self.aggregation)
-            if self.kl_reduction not in KL_REDUCTIONS:
-                raise RaysimError(
-                    f"algorithm.kl_reduction must be one of {', '.join(KL_REDUCTIONS)}, got '{self.kl_reduction}'"
-                )
+        def __post_init__(self):
+            self.read_former_aggregation_names()
+            self.check_stratification_has_a_curve()
+
+        def read_former_aggregation_names(self) -> None:
+            """An aggregation's former name reads as its current one (configs made before the rename)."""
+            object.__setattr__(self, "aggregation", FORMER_NAMES.get(self.aggregation, self.aggregation))
             if self.aggregation not in AGGREGATIONS:
                 raise RaysimError(
                     f"algorithm.aggregation must be one of {', '.join(AGGREGATIONS)}, got '{self.aggregation}'"
                 )
-            if self.stratify_temperature <= 0:
-                raise RaysimError(f"algorithm.stratify_temperature must be > 0, got {self.stratify_temperature}")
+
+        def check_stratification_has_a_curve(self) -> None:
+            """The family's stratification keys, as FedHydra needs them (the other methods ignore them)."""
             if self.stratify_steps < 2 or self.stratify_batch < 1:
                 raise RaysimError(
                     "algorithm.stratify_steps must be >= 2 (eq. 2 needs a loss curve) and algorithm.stratify_batch >= 1"

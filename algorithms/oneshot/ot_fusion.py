@@ -30,10 +30,12 @@ order (the identity assignment).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 
+from raysim.algorithm import PositiveInt
 from raysim.algorithms.oneshot._common import OneShot, OneShotParams
 from raysim.algorithms.oneshot.fusion import align_to, ot_fuse
 from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
@@ -48,20 +50,13 @@ class OTFusion(OneShot):
     summary = "OT fusion: align neurons to an anchor model by optimal transport, then average"
     supports_client_models = False
 
-    @dataclass
+    @dataclass(frozen=True)
     class Params(OneShotParams):
         anchor: int = -1  # client whose neurons the others are aligned to; -1: the client with the most data
-        alignment: str = "activations"  # activations | weights
-        activation_samples: int = 200
+        alignment: Literal["activations", "weights"] = "activations"
+        activation_samples: PositiveInt = 200
         activation_dataset: str = "auto"  # unlabelled images for the activations (algorithms/oneshot/transfer.py) ...
         activation_root: str = ""  # ... and their folder ("" = beside the dataset's folder)
-
-        def validate(self) -> None:
-            super().validate()
-            if self.alignment not in ("activations", "weights"):
-                raise RaysimError(f"algorithm.alignment must be activations or weights, got '{self.alignment}'")
-            if self.activation_samples < 1:
-                raise RaysimError(f"algorithm.activation_samples must be >= 1, got {self.activation_samples}")
 
     @classmethod
     def check_config(cls, config, params) -> None:

@@ -131,9 +131,9 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
 
 
 def cell(opts: dict) -> None:
-    from raysim.config.named import load_named_config
     from raysim.registry import algorithm_class
     from raysim.reproduce import check_cell_name
+    from raysim.reproduce.named import load_named_config
 
     if not opts["config"]:
         raise RaysimError(

@@ -107,7 +107,7 @@ SETTINGS: dict[str, dict[str, object]] = {
 
 def _config(name: str, actors: int, gpus: float, deterministic: bool):
     from raysim.config.files import ROOT
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
 
     overrides = {
         **SETTINGS[name],

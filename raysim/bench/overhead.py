@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from raysim.config import Config
-from raysim.config.load import config_from_dict
 from raysim.data.home import dataset_folder
+from raysim.experiment import config_from_dict
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 

@@ -1,15 +1,17 @@
-"""How a config becomes a run's Config, in one package:
+"""The bottom layer: what a config is, in one package that imports nothing of raysim above it
+(tests/test_layout.py checks it):
 
 - files: YAML files and their `extends:` chains, and the configs shipped in the package by name;
 - parse: the typed reading of a tree into dataclasses (configs, Params, tables, sweeps) and of
   `key.sub=value` overrides;
-- schema: the sections of a config, the resolved (frozen) Config and its checks;
-- load: a file or tree plus overrides -> a validated Config (the algorithm's Params through the
-  registry), and the rule that a switched method keeps its own parameters;
-- named: what `raysim run NAME` accepts (a file, a shipped name, a table's cell).
+- schema: the sections of a config, the resolved (frozen) Config and its checks.
 
-The schema's names are importable from here (`from raysim.config import Config`); load and named
-are imported from their modules (they need the algorithms and the tables, which import this package).
+A file or tree plus overrides becomes a validated Config, the algorithm's Params resolved through
+the registry, one layer up in raysim.experiment; what `raysim run NAME` accepts (a file, a shipped
+name, a table's cell) in raysim.reproduce.named. (load and named here only re-export them for
+modules not yet moved to those names.)
+
+The schema's names are importable from here (`from raysim.config import Config`).
 """
 
 from raysim.config.files import merge_trees, read_yaml

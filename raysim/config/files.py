@@ -89,7 +89,7 @@ def _with_method_sources(path: Path, data: dict[str, Any]) -> dict[str, Any]:
     """`data` with each `per_method:` entry's `from: NAME` replaced by the keys config NAME's own file
     writes for that method (`method_keys`), under the entry's other keys. Taken here, file by file,
     so that they sit where the naming file's keys sit in an `extends:` chain (a base's entry for the
-    method does not override them); `from:` stays as `{file: PATH}` for raysim.config.load, which
+    method does not override them); `from:` stays as `{file: PATH}` for raysim.experiment, which
     checks the method's own parameters (the registry is not this module's to import)."""
     section = data.get(PER_METHOD)
     if not isinstance(section, dict) or not any(isinstance(e, dict) and FROM_KEY in e for e in section.values()):

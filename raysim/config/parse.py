@@ -1,6 +1,12 @@
 """Typed parsing: a mapping (a YAML tree) -> a dataclass, each value checked against its annotation,
 unknown keys and bad values refused in one line naming the key. Configs, their algorithm's Params,
 tables and sweeps are all read through `build_dataclass`. Also the command line's `key.sub=value`.
+
+A field's range is declared on its annotation, `Annotated[int, Bound(ge=1)]` (raysim.algorithm names
+the common ones: Count, NonNegative, Positive ...), and checked by `coerce` right after the value's
+type, in one line: "algorithm.steps must be >= 1, got 0". Choices are `Literal[...]`. A rule that
+joins several fields stays beside them, in the dataclass's `__post_init__` (raising RaysimError).
+A subclass that overrides a bounded field's default repeats its annotation.
 """
 
 from __future__ import annotations
@@ -10,12 +16,49 @@ import math
 import re
 import types
 import typing
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 import yaml
 
 from raysim.errors import RaysimError
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A number's range, in `Annotated[int | float, Bound(...)]`: ge/gt the lowest value (inclusive or
+    not), le/lt the highest; `why` is said after the range in the refusal."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    why: str = ""
+
+    def describe(self) -> str:
+        """ ">= 1", "> 0", "in [0, 1)" ..."""
+        low = ("[", self.ge) if self.ge is not None else ("(", self.gt) if self.gt is not None else None
+        high = ("]", self.le) if self.le is not None else (")", self.lt) if self.lt is not None else None
+        if low and high:
+            return f"in {low[0]}{low[1]:g}, {high[1]:g}{high[0]}"
+        if low:
+            return f"{'>=' if low[0] == '[' else '>'} {low[1]:g}"
+        if high:
+            return f"{'<=' if high[0] == ']' else '<'} {high[1]:g}"
+        return "any number"
+
+    def holds(self, value: float) -> bool:
+        return (
+            (self.ge is None or value >= self.ge)
+            and (self.gt is None or value > self.gt)
+            and (self.le is None or value <= self.le)
+            and (self.lt is None or value < self.lt)
+        )
+
+    def check(self, key: str, value: float) -> None:
+        if not self.holds(value):
+            why = f" ({self.why})" if self.why else ""
+            raise RaysimError(f"{key} must be {self.describe()}{why}, got {value}")
 
 
 def _type_name(tp: Any) -> str:
@@ -29,6 +72,13 @@ def coerce(value: Any, tp: Any, key: str, noun: str = "config key") -> Any:
     """Check `value` against the annotation `tp`, converting int->float where harmless. `noun` names
     what `key` is in the one-line error ("config key", or "key" in a table or sweep file)."""
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        inner, *extras = typing.get_args(tp)
+        value = coerce(value, inner, key, noun)
+        for bound in extras:
+            if isinstance(bound, Bound) and value is not None:
+                bound.check(key, value)
+        return value
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
@@ -146,12 +196,13 @@ def _bytes(n: float) -> str:
 
 def build_dataclass(cls: type, values: dict[str, Any], prefix: str, noun: str = "config key") -> Any:
     """Instantiate dataclass `cls` from a mapping, rejecting unknown keys, missing required ones and
-    bad types (nested dataclasses, lists, mappings and Literal choices included), in one line each.
-    What only the whole object can check (`__post_init__`) raises RaysimError itself."""
+    bad types (nested dataclasses, lists, mappings and Literal choices included) and values out of
+    their Bound, in one line each. What only the whole object can check (`__post_init__`) raises
+    RaysimError itself."""
     where = f"'{prefix}'" if prefix else "the file"
     if not isinstance(values, dict):
         raise RaysimError(f"{noun} {where} must be a mapping of keys, got {values!r}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     known = {f.name: f for f in fields(cls) if f.init}
     for key in values:
         if key not in known:

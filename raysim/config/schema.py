@@ -52,6 +52,10 @@ class ClientsConfig:
     models: Any = None
 
 
+# the built-in models that take model.width_multiplier (raysim.models builds them)
+SCALABLE: tuple[str, ...] = ("cnn3", "lenet", "resnet18", "googlenet")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = "convnet"
@@ -67,8 +71,6 @@ class ModelConfig:
             return f"convnet(width={self.width},depth={self.depth},norm={self.norm})"
         if self.name == "mlp":
             return f"mlp(hidden={self.hidden})"
-        from raysim.models import SCALABLE
-
         if self.name in SCALABLE and self.width_multiplier != 1.0:
             return f"{self.name}(x{self.width_multiplier:g})"
         return self.name
@@ -185,7 +187,7 @@ class Config:
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
-    # the algorithm's name and its typed Params (filled in by raysim.config.load, through the registry)
+    # the algorithm's name and its typed Params (filled in by raysim.experiment, through the registry)
     algorithm: AlgorithmSection = field(default_factory=AlgorithmSection)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,4 +1,5 @@
-"""Class names of the known datasets (index = label), for layouts that store only integer labels."""
+"""Class names of the known datasets (index = label), for layouts that store only integer labels;
+each dataset's record (raysim.data.records) names its list."""
 
 from __future__ import annotations
 
@@ -121,13 +122,3 @@ CIFAR100 = [
     "woman",
     "worm",
 ]
-
-KNOWN_CLASSES: dict[str, list[str]] = {
-    "embedded": FASHION_MNIST,
-    "mnist": DIGITS,
-    "fashion_mnist": FASHION_MNIST,
-    "cifar10": CIFAR10,
-    "cifar100": CIFAR100,
-    "svhn": DIGITS,
-    "cinic10": CIFAR10,
-}

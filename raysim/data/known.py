@@ -19,40 +19,15 @@ skips the check (the data's digest is still recorded in the run, see raysim.data
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from raysim.data.arrays import ArrayDataset
+from raysim.data.records import RECORDS, Promise
 from raysim.errors import RaysimError
 
 MEAN_TOLERANCE = 0.04
 
 
-@dataclass(frozen=True)
-class Promise:
-    channels: int
-    size: int  # native side in pixels
-    classes: int
-    train: int  # published image counts: a dataset read under the name holds at most these
-    test: int
-    mean: tuple[float, ...]  # per-channel mean of the training images / 255 (published values)
-    what: str
-
-    def shape_text(self) -> str:
-        colour = "grey" if self.channels == 1 else "RGB"
-        return f"{self.size}x{self.size} {colour}, {self.classes} classes, {self.train // 1000}k/{self.test // 1000}k"
-
-
-# The published per-channel training means (the constants the papers' code normalises with).
-PROMISES: dict[str, Promise] = {
-    "embedded": Promise(1, 28, 10, 10_000, 2_000, (0.2860,), "Fashion-MNIST sample shipped with raysim"),
-    "mnist": Promise(1, 28, 10, 60_000, 10_000, (0.1307,), "MNIST handwritten digits"),
-    "fashion_mnist": Promise(1, 28, 10, 60_000, 10_000, (0.2860,), "Fashion-MNIST clothing"),
-    "cifar10": Promise(3, 32, 10, 50_000, 10_000, (0.4914, 0.4822, 0.4465), "CIFAR-10"),
-    "cifar100": Promise(3, 32, 100, 50_000, 10_000, (0.5071, 0.4865, 0.4409), "CIFAR-100 fine labels"),
-    "svhn": Promise(3, 32, 10, 73_257, 26_032, (0.4377, 0.4438, 0.4728), "SVHN cropped digits"),
-    # CINIC-10's test split is 90,000 images (its valid/ split, used when there is no test/, too)
-    "cinic10": Promise(3, 32, 10, 90_000, 90_000, (0.4789, 0.4723, 0.4305), "CINIC-10"),
-}
+# What each name promises: its record's shape, class count, image counts and published means.
+PROMISES: dict[str, Promise] = {r.name: r.promise for r in RECORDS if r.promise is not None}
 
 
 def check_promise(dataset: ArrayDataset, name: str, image_size: int | None, where: str) -> None:

@@ -10,15 +10,12 @@ from raysim.data.cache import get_or_build, memo_put
 from raysim.data.embedded import embedded_source
 from raysim.data.home import dataset_folder, get_hint
 from raysim.data.image_folder import find_domainnet, find_image_folder
-from raysim.data.known import PROMISES, check_promise
+from raysim.data.known import check_promise
 from raysim.data.parquet import find_parquet
+from raysim.data.records import DATASET_NAMES, record
 from raysim.data.source import Source
-from raysim.data.torchvision_root import SPECS, find_torchvision
+from raysim.data.torchvision_root import find_torchvision
 from raysim.errors import RaysimError
-
-DATASET_NAMES = ("embedded", "mnist", "fashion_mnist", "cifar10", "cifar100", "svhn", "cinic10", "domainnet")
-
-DOMAINNET_DEFAULT_SIZE = 64
 
 Finder = Callable[[Path, str, "int | None"], "Source | None"]
 _FINDERS: dict[str, Finder] = {
@@ -27,33 +24,11 @@ _FINDERS: dict[str, Finder] = {
     "image_folder": find_image_folder,
     "domainnet": find_domainnet,
 }
-_LAYOUTS: dict[str, tuple[str, ...]] = {
-    "mnist": ("parquet", "torchvision", "image_folder"),
-    "fashion_mnist": ("parquet", "torchvision", "image_folder"),
-    "cifar10": ("parquet", "torchvision", "image_folder"),
-    "cifar100": ("parquet", "torchvision", "image_folder"),
-    "svhn": ("parquet", "torchvision", "image_folder"),
-    "cinic10": ("image_folder", "parquet"),
-    "domainnet": ("domainnet",),
-}
-# What each name is (prose for `raysim data list` and errors); the facts come from its promise.
-_WHAT = {name: f"{p.what} ({p.shape_text()})" for name, p in PROMISES.items()}
-_WHAT["cinic10"] += ": ImageNet+CIFAR images; valid/ used only if no test/"
-_WHAT["domainnet"] = (
-    f"DomainNet-style domain-skew data (RGB, resized to image_size, default {DOMAINNET_DEFAULT_SIZE}; "
-    "one domain per folder)"
-)
-_FOLDER_HINT = "train/<class>/*.png and test/<class>/*.png"
-_PARQUET_HINT = "train.parquet/test.parquet (Hugging Face layout)"
 
 
 def _hint(name: str) -> str:
     """What to put under dataset.root for this dataset, as one clause."""
-    if name == "domainnet":
-        return "<domain>/train/<class>/*.jpg and <domain>/test/<class>/*.jpg for each domain"
-    if name == "cinic10":
-        return f"{_FOLDER_HINT} (CINIC-10 layout), or {_PARQUET_HINT}"
-    return f"{SPECS[name].hint} (torchvision layout), or {_PARQUET_HINT}, or {_FOLDER_HINT}"
+    return record(name).hint()
 
 
 def describe_datasets() -> list[tuple[str, str]]:
@@ -61,7 +36,7 @@ def describe_datasets() -> list[tuple[str, str]]:
     out = []
     for name in DATASET_NAMES:
         needs = "no root needed" if name == "embedded" else f"root holds {_hint(name)}"
-        out.append((name, f"{_WHAT[name]}; {needs}"))
+        out.append((name, f"{record(name).describe()}; {needs}"))
     return out
 
 
@@ -108,7 +83,7 @@ def _locate(name: str, root: str | Path | None, image_size: int | None) -> Sourc
         raise RaysimError(
             f"dataset root '{path}' is a file, not a folder: set dataset.root to the folder holding {_hint(name)}"
         )
-    for layout in _LAYOUTS[name]:
+    for layout in record(name).layouts:
         source = _FINDERS[layout](path, name, image_size)
         if source is not None:
             return source
@@ -128,8 +103,8 @@ def load_dataset(
     """
     name = _normalise_name(name)
     image_size = _check_image_size(image_size)
-    if name == "domainnet" and image_size is None:
-        image_size = DOMAINNET_DEFAULT_SIZE
+    if image_size is None:
+        image_size = record(name).default_image_size
     source = embedded_source(image_size) if name == "embedded" else _locate(name, root, image_size)
     root_key = None if name == "embedded" else str(dataset_folder(name, root).resolve())
     dataset = memo_put((name, root_key, image_size), get_or_build(name, source, image_size))

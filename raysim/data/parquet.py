@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.data.arrays import ArrayDataset
-from raysim.data.classnames import KNOWN_CLASSES
 from raysim.data.decode import decode_images
+from raysim.data.records import known_classes
 from raysim.data.source import Source, one_line
 from raysim.errors import RaysimError
 
@@ -140,7 +140,7 @@ def read_parquet_dataset(name: str, train: list[Path], test: list[Path], image_s
             f"{name}: train images are {train_x.shape[1]}px but test images are {test_x.shape[1]}px: "
             f"set dataset.image_size=N to resize both"
         )
-    classes = names_a or names_b or KNOWN_CLASSES.get(name)
+    classes = names_a or names_b or known_classes(name)
     top = int(max(train_y.max(initial=-1), test_y.max(initial=-1)))
     low = int(min(train_y.min(initial=0), test_y.min(initial=0)))
     if classes is None:

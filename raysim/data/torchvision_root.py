@@ -2,44 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from raysim.data.arrays import ArrayDataset
-from raysim.data.classnames import KNOWN_CLASSES
 from raysim.data.decode import resize_array
+from raysim.data.records import RECORDS, TorchvisionSpec, known_classes
 from raysim.data.source import Source, one_line
 from raysim.errors import RaysimError
 
-_IDX = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-
-@dataclass(frozen=True)
-class TorchvisionSpec:
-    cls: str  # class in torchvision.datasets
-    folder: str  # folder under the torchvision root holding the files ("" = the root itself)
-    files: tuple[str, ...]  # files torchvision needs, relative to folder
-    hint: str  # what to put where, for error messages
-
-
-SPECS: dict[str, TorchvisionSpec] = {
-    "mnist": TorchvisionSpec("MNIST", "MNIST/raw", _IDX, "MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte"),
-    "fashion_mnist": TorchvisionSpec(
-        "FashionMNIST", "FashionMNIST/raw", _IDX, "FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte"
-    ),
-    "cifar10": TorchvisionSpec(
-        "CIFAR10",
-        "cifar-10-batches-py",
-        tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta"),
-        "cifar-10-batches-py/{data_batch_1..5,test_batch,batches.meta}",
-    ),
-    "cifar100": TorchvisionSpec(
-        "CIFAR100", "cifar-100-python", ("train", "test", "meta"), "cifar-100-python/{train,test,meta}"
-    ),
-    "svhn": TorchvisionSpec("SVHN", "", ("train_32x32.mat", "test_32x32.mat"), "train_32x32.mat and test_32x32.mat"),
-}
+# The torchvision root of each dataset that has one (its record's `torchvision`).
+SPECS: dict[str, TorchvisionSpec] = {r.name: r.torchvision for r in RECORDS if r.torchvision is not None}
 
 
 def _candidate_roots(root: Path, spec: TorchvisionSpec) -> list[Path]:
@@ -79,14 +53,14 @@ def find_torchvision(root: Path, name: str, image_size: int | None) -> Source | 
     return None
 
 
-def _arrays(name: str, ds) -> tuple[np.ndarray, np.ndarray]:
+def _arrays(kind: str, ds) -> tuple[np.ndarray, np.ndarray]:
     data = ds.data
     data = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
-    labels = ds.labels if name == "svhn" else ds.targets
+    labels = ds.labels if kind == "svhn" else ds.targets
     labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
-    if name in ("mnist", "fashion_mnist"):
+    if kind == "idx":
         data = data[..., None]  # (N, 28, 28) -> (N, 28, 28, 1)
-    elif name == "svhn":
+    elif kind == "svhn":
         data = data.transpose(0, 2, 3, 1)  # (N, 3, 32, 32) -> (N, 32, 32, 3)
     return np.ascontiguousarray(data, dtype=np.uint8), labels.astype(np.int64)
 
@@ -103,7 +77,7 @@ def read_torchvision_dataset(name: str, tv_root: Path, image_size: int | None) -
         import torchvision.datasets as tvd
 
         cls = getattr(tvd, spec.cls)
-        if name == "svhn":
+        if spec.kind == "svhn":
             train = cls(str(tv_root), split="train", download=False)
             test = cls(str(tv_root), split="test", download=False)
         else:
@@ -119,10 +93,10 @@ def read_torchvision_dataset(name: str, tv_root: Path, image_size: int | None) -
             f"{name}: torchvision could not read {tv_root / spec.folder} ({_reason(exc)}): "
             f"replace the files with the official ones ({spec.hint})"
         ) from None
-    train_x, train_y = _arrays(name, train)
-    test_x, test_y = _arrays(name, test)
-    classes = list(getattr(train, "classes", None) or []) if name == "cifar100" else []
-    classes = classes or KNOWN_CLASSES[name]
+    train_x, train_y = _arrays(spec.kind, train)
+    test_x, test_y = _arrays(spec.kind, test)
+    classes = list(getattr(train, "classes", None) or []) if spec.classes_from_files else []
+    classes = classes or known_classes(name)
     return ArrayDataset(
         name=name,
         classes=list(classes),

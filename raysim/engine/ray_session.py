@@ -136,7 +136,7 @@ def cluster_address(resources: ResourcesConfig, address: str | None = None) -> s
     resources.address, else RAY_ADDRESS; None: a private local Ray.
 
     The config's is the user's own only in a config they give: a resumed run's stored
-    resources.address is dropped before it gets here (raysim.runner.resume_config), so that a run
+    resources.address is dropped before it gets here (raysim.resume.resume_config), so that a run
     directory from someone else never chooses where its run executes."""
     for value, source in ((address, "--address"), (resources.address, "resources.address")):
         if value:

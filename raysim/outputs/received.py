@@ -114,7 +114,7 @@ def load_received_config(path: Path, run_dir: RunDir, overrides: list[str], allo
     """The config of `raysim run CONFIG` where CONFIG lies in a run directory: its code refused unless
     `allow_code`, its output.dir and cluster keys dropped."""
     from raysim.config.files import read_yaml
-    from raysim.config.load import load_config
+    from raysim.experiment import load_config
     from raysim.plugins import user_code_refused
 
     tree = read_yaml(path)

@@ -2,6 +2,8 @@
 
 table_file: the tables as data (configs/tables/*.yaml); runs: planning, skipping, resuming and running
 them; results: table.md / table.csv; curves: curves.png; estimate: `--list`'s time estimates.
+named: what `raysim run NAME` and `raysim bench cell NAME` accept (a file, a shipped config's name,
+or a table's cell TABLE:CELL:METHOD[:SCALE], read by table_file.cell_name alone).
 """
 
 from __future__ import annotations
@@ -10,9 +12,18 @@ import sys
 from pathlib import Path
 
 from raysim.errors import RaysimError
-from raysim.reproduce.table_file import SCALES, Table, list_tables, load_table
+from raysim.reproduce.table_file import SCALES, Table, cell_name, list_tables, load_table
 
-__all__ = ["Table", "check_cell_name", "list_tables", "load_table", "parse_seeds", "reproduce", "selection"]
+__all__ = [
+    "Table",
+    "cell_name",
+    "check_cell_name",
+    "list_tables",
+    "load_table",
+    "parse_seeds",
+    "reproduce",
+    "selection",
+]
 
 
 MAX_SEEDS = 1000  # seeds of one table: each is a run of every cell and method
@@ -65,15 +76,15 @@ def check_cell_name(name: str, command: str) -> None:
     """A table's cell named as TABLE:CELL:METHOD[:SCALE] (raysim run, raysim bench cell) at a scale
     the cell has no config for: one line naming its scales in the form `command` takes (the
     :SCALE part; --scale is raysim reproduce's option, not theirs)."""
-    parts = name.split(":")
-    if len(parts) not in (3, 4) or Path(name).exists() or "," in parts[1] or "," in parts[2]:
-        return  # not a cell, or one raysim.config.named refuses itself
-    table = load_table(parts[0])
-    cell = selection(table, parts[1], table.cells, "cell")[0]
-    scale = parts[3] if len(parts) == 4 else "cpu"
+    parsed = cell_name(name)
+    if parsed is None or "," in parsed[1] or "," in parsed[2]:
+        return  # not a cell, or one load_named_config refuses itself
+    table_name, cell, method, scale = parsed
+    table = load_table(table_name)
+    cell = selection(table, cell, table.cells, "cell")[0]
     scales = list(table.cells[cell].config)
     if scale not in scales:
-        forms = " or ".join(f"'{command} {':'.join([*parts[:3], s])}'" for s in scales)
+        forms = " or ".join(f"'{command} {':'.join(name.split(':')[:3] + [s])}'" for s in scales)
         raise RaysimError(
             f"table {table.name}: cell {cell} has no {scale}-scale config (it has {', '.join(scales)}): "
             f"name the scale as the cell's last part, {forms}"

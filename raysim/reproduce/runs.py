@@ -51,7 +51,7 @@ def plan_runs(
     table decides everything else, so they are the only keys that may change). `table_only`: the
     runs are read, not run, so neither their data nor their inputs (a transfer set) need be here."""
     from raysim.config import parse_override
-    from raysim.config.load import apply_overrides, config_from_dict
+    from raysim.experiment import apply_overrides, config_from_dict
 
     parsed = []
     for text in resources:
@@ -119,7 +119,7 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
-    from raysim.config.load import as_made, config_from_dict
+    from raysim.experiment import as_made, config_from_dict
     from raysim.report import flatten
 
     # Both read through today's schema, the stored one as made (as_made): a parameter added since the
@@ -142,7 +142,8 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
             f"{', ...' if len(differing) > 3 else ''}): remove that folder, or give another --out"
         )
     if data_here and run.run_dir.read_data() is not None:  # the data at hand are those it ran on (or one line)
-        from raysim.runner import check_data, read_data
+        from raysim.resume import check_data
+        from raysim.runner import read_data
 
         check_data(run.run_dir, read_data(run.config)[1], run.config.dataset.root)
     return "finished" if is_finished(run) else "unfinished"

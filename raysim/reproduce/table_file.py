@@ -223,7 +223,7 @@ class Table:
 
     def config(self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None) -> Config:
         """The validated config of one run (see the module docstring)."""
-        from raysim.config.load import config_from_dict
+        from raysim.experiment import config_from_dict
 
         return config_from_dict(self.config_tree(cell, method, scale, seed, data_root))
 
@@ -236,7 +236,7 @@ class Table:
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
                 f"(it has {', '.join(c.config)}): choose --scale {' or '.join(c.config)} or leave the cell out"
             )
-        from raysim.config.load import apply_overrides
+        from raysim.experiment import apply_overrides
 
         tree = read_yaml(resolve(c.method_config.get(method, {}).get(scale, c.config[scale])))
         if m.algorithm is not None:
@@ -294,3 +294,13 @@ def _parse(path: Path, raw: Any) -> Table:
         raise RaysimError(f"table file '{path}': {exc}") from None
     table.name, table.path = path.stem, path
     return table
+
+
+def cell_name(name: str) -> tuple[str, str, str, str] | None:
+    """TABLE:CELL:METHOD[:SCALE] (raysim run, raysim bench cell) as (table, cell, method, scale),
+    the scale cpu when not named; None where `name` is not a cell's (another part count, or a file
+    that exists). The one reading of such a name: load_named_config and check_cell_name use it."""
+    parts = name.split(":")
+    if len(parts) not in (3, 4) or Path(name).exists():
+        return None
+    return parts[0], parts[1], parts[2], parts[3] if len(parts) == 4 else "cpu"

@@ -1,9 +1,10 @@
-"""Reading an experiment config: YAML (or a tree) and key=value overrides -> a validated Config
-with the algorithm's parameters resolved through the registry.
+"""The setup layer above the config package: a config file or tree and key=value overrides -> a
+validated Config, the algorithm's parameters (its Params) resolved through the registry.
 
-Kept apart from the schema (raysim.config.schema) so that the schema needs no algorithm:
-raysim.algorithm imports the schema, the registry imports raysim.algorithm, and this module imports
-both; nothing imports back.
+raysim.config is the bottom layer (schema, parsing, files) and imports nothing of raysim above it;
+this module imports it, raysim.algorithm and the registry, and nothing of raysim imports back but
+the layers above (tables, sweeps, runs, commands). A table's cell named by the user
+(TABLE:CELL:METHOD[:SCALE]) is read by raysim.reproduce, which builds on this module.
 """
 
 from __future__ import annotations
