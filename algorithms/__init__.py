@@ -7,8 +7,9 @@ dynafed/    DynaFed: the server synthesizes data by trajectory matching
 oneshot/    one communication round: FedAvg one-shot, OT fusion, FedDF, DENSE, Co-Boosting,
             FedHydra; the generator, its losses, ensembles, stratification, OT and the client-stage cache
 
-Each family's `__init__.py` names its algorithms (`ALGORITHMS`: the modules that each define one
-`Algorithm` subclass whose `name` is the module's name); `raysim.registry` finds
-`algorithm.name: fedavg` there. The rest of a family's modules are its machinery. Nothing under
+An algorithm is a module of a family that defines one `Algorithm` subclass whose `name` is the
+module's name; that class attribute is the one place the name is written: `raysim.registry` reads
+it from the sources to find `algorithm.name: fedavg`, and each family's `ALGORITHMS` is derived
+from it (raysim.registry.family_algorithms). The rest of a family's modules are its machinery. Nothing under
 raysim's engine, outputs, config, data or models imports from here (tests/test_layout.py).
 """

@@ -249,12 +249,6 @@ class Algorithm:
     per_parameter_state: ClassVar[tuple[str, ...]] = ()
     # True when the server needs ctx.data_digest (hashing the training data costs ~0.2 s on CIFAR-10).
     needs_data_digest: ClassVar[bool] = False
-    # `raysim bench cell`: the config keys that count repeated work (epochs, steps, iterations), each
-    # with the phase whose time it multiplies ("clients": client_update, "server": server_update); the
-    # bench runs a cell with them scaled down and projects to their full values (raysim.bench.cell).
-    work_keys: ClassVar[dict[str, str]] = {"local.epochs": "clients"}
-    work_minimum: ClassVar[dict[str, int]] = {}  # a work key's smallest valid value, where above 1
-    bench_overrides: ClassVar[dict[str, Any]] = {}  # settings that make each bench run do its own work
 
     @dataclass(frozen=True)
     class Params:

@@ -18,7 +18,7 @@ from typing import Any
 from raysim.algorithm import BEFORE
 from raysim.config.files import FROM_KEY, PER_METHOD, method_keys, read_one_yaml, read_yaml, resolve
 from raysim.config.parse import build_dataclass, parse_override, set_path
-from raysim.config.schema import Config, client_architectures, validate
+from raysim.config.schema import DEFAULT_ALGORITHM, Config, client_architectures, validate
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class, check_algorithm_config, resolve_params
 
@@ -126,7 +126,7 @@ def as_made(tree: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(algorithm, dict):
         return tree
     try:
-        cls = algorithm_class(str(algorithm.get("name", "fedavg")))
+        cls = algorithm_class(str(algorithm.get("name", DEFAULT_ALGORITHM)))
     except RaysimError:
         return tree  # refused where the config is read, in one line
     earlier = {
@@ -143,7 +143,7 @@ def config_from_dict(tree: dict[str, Any]) -> Config:
     if not isinstance(algorithm, dict):
         raise RaysimError("config key 'algorithm' must be a section with at least 'name' (e.g. algorithm.name=fedavg)")
     tree = method_sources(tree)
-    algorithm = {**algorithm, **_per_method(tree.pop(PER_METHOD, None), str(algorithm.get("name", "fedavg")))}
+    algorithm = {**algorithm, **_per_method(tree.pop(PER_METHOD, None), str(algorithm.get("name", DEFAULT_ALGORITHM)))}
     resources = tree.get("resources")
     if isinstance(resources, dict) and resources.get("actors") == "auto":
         tree["resources"] = {**resources, "actors": None}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.errors import RaysimError
-from raysim.tables import text_table
+from raysim.text_table import text_table
 
 PARTITION_KINDS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "quantity", "domain")
 

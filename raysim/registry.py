@@ -1,22 +1,28 @@
 """Which algorithm a config names: a built-in found by convention, or the user's own class.
 
-Built-ins live in families (`raysim.algorithms.<family>`, discovered), each naming its algorithms
-in `ALGORITHMS`: `algorithm.name: fedavg` is the `Algorithm` subclass whose `name` is "fedavg" in
-the module `raysim.algorithms.<family>.fedavg`. Only the family package and the one module asked for
-are imported (one-shot machinery pulls in scipy, which a FedAvg run should not pay for).
+Built-ins live in families (`raysim.algorithms.<family>`, discovered). An algorithm is named once,
+in its class: `algorithm.name: fedavg` is the `Algorithm` subclass whose body sets `name = "fedavg"`,
+in the module `raysim.algorithms.<family>.fedavg` (tests/test_layout.py holds module and name equal).
+The names are read from the families' sources (`family_algorithms`), not by importing them: only the
+one module asked for is imported (one-shot machinery pulls in scipy, which a FedAvg run should not
+pay for). A family's `ALGORITHMS` is the same list, derived here.
 `algorithm.name: package.module:Class` loads a researcher's class from their own file; it is
 validated like a built-in (unknown or ill-typed parameters fail before Ray starts).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
+import re
+from collections.abc import Iterable
 from dataclasses import asdict, fields
+from pathlib import Path
 from typing import Any
 
 from raysim.config.parse import build_dataclass
-from raysim.config.schema import AlgorithmSection
+from raysim.config.schema import DEFAULT_ALGORITHM, AlgorithmSection
 from raysim.errors import RaysimError
 from raysim.plugins import load_object
 
@@ -24,18 +30,44 @@ from raysim.plugins import load_object
 BUILTIN_PACKAGE = "raysim.algorithms"
 
 
+# A top-level class's header line, and `name = "..."` (a plain string) in its body.
+_CLASS_LINE = re.compile(r"^class [A-Za-z_]\w*\b")
+_NAME_LINE = re.compile(r'^    name(?: *: *ClassVar\[str\])? *= *"([A-Za-z0-9_]+)"\s*(#.*)?$')
+
+
+def family_algorithms(folders: Iterable[str]) -> dict[str, str]:
+    """algorithm name -> module name (within the family), for each module in the family's folders whose
+    top-level class sets `name = "..."` in its body: read from the source, nothing imported."""
+    found: dict[str, str] = {}
+    for module in pkgutil.iter_modules(list(folders)):
+        if module.ispkg:
+            continue
+        in_class = False
+        for line in (Path(module.module_finder.path) / f"{module.name}.py").read_text().splitlines():
+            if line[:1] not in ("", " ", "\t", ")"):  # a top-level statement: a class, or the class is over
+                in_class = bool(_CLASS_LINE.match(line))
+            elif in_class and (match := _NAME_LINE.match(line)):
+                found[match.group(1)] = module.name
+    return found
+
+
 def builtin_modules() -> dict[str, str]:
     """algorithm name -> its module, over every family (a name in two families is a bug, said plainly)."""
+    return dict(_builtin_modules())
+
+
+@functools.cache  # the sources are read once a process
+def _builtin_modules() -> dict[str, str]:
     package = importlib.import_module(BUILTIN_PACKAGE)
     modules: dict[str, str] = {}
     for family in pkgutil.iter_modules(package.__path__):
         if not family.ispkg or family.name.startswith("_"):
             continue
-        names = importlib.import_module(f"{BUILTIN_PACKAGE}.{family.name}").ALGORITHMS
-        for name in names:
+        folders = [str(Path(folder) / family.name) for folder in package.__path__]
+        for name, module in family_algorithms(folders).items():
             if name in modules:
                 raise RaysimError(f"algorithm '{name}' is named by two families: {modules[name]} and {family.name}")
-            modules[name] = f"{BUILTIN_PACKAGE}.{family.name}.{name}"
+            modules[name] = f"{BUILTIN_PACKAGE}.{family.name}.{module}"
     return modules
 
 
@@ -78,7 +110,7 @@ def algorithm_class(name: str) -> type:
 def resolve_params(section: dict[str, Any]) -> AlgorithmSection:
     """`algorithm:` section -> its name and the algorithm's Params (every default filled in), validated."""
     section = dict(section)
-    name = str(section.pop("name", "fedavg"))
+    name = str(section.pop("name", DEFAULT_ALGORITHM))
     cls = algorithm_class(name)
     known = [f.name for f in fields(cls.Params)]
     for key in section:

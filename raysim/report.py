@@ -10,7 +10,7 @@ import numpy as np
 
 from raysim.errors import RaysimError
 from raysim.results import RunRecord, read_curves, read_run, rounds_to, stat
-from raysim.tables import text_table
+from raysim.text_table import text_table
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,15 @@
-"""One experiment from config to run directory: prepare (no Ray), then drive the rounds on Ray."""
+"""One experiment from config to run directory: prepare (no Ray), the run directory, then drive the
+rounds on the engine (raysim.engine.placement starts it) with the driver's callbacks (the progress bar)."""
 
 from __future__ import annotations
 
 import math
 import os
 import sys
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -20,16 +20,13 @@ from raysim.data.arrays import with_validation_split
 from raysim.data.identity import DataIdentity, array_digest, identity_of
 from raysim.errors import RaysimError, disk_full, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
-from raysim.outputs.files import write_text
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
+from raysim.outputs.safe_write import write_text
 from raysim.partition import class_counts, hold_out, partition, validating_clients
 from raysim.registry import algorithm_class
 from raysim.resume import check_resumable, record_data
 from raysim.seeding import PARTITION, VALIDATION, numpy_rng
-
-if TYPE_CHECKING:
-    from raysim.engine.server import ServerInputs
 
 
 @dataclass
@@ -139,17 +136,6 @@ def check_models(spec: ModelSpec) -> None:
     cls.check_inputs(spec.config)
 
 
-def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:
-    """client -> actor, largest clients first onto the least loaded actor (deterministic)."""
-    load = [0] * actors
-    owner: dict[int, int] = {}
-    for client in sorted(range(len(sizes)), key=lambda k: (-sizes[k], k)):
-        actor = min(range(actors), key=lambda a: (load[a], a))
-        owner[client] = actor
-        load[actor] += sizes[client]
-    return owner
-
-
 # Fresh run directories this process made: (resolved path) -> what was there before (folder, data.json,
 # .lock), so that a run refused before its first round removes only what it added.
 _fresh: dict[Path, tuple[bool, bool, bool]] = {}
@@ -213,17 +199,6 @@ def discard_unstarted_run(run_dir: RunDir) -> None:
             pass
 
 
-def client_placement():
-    """Inside a Tune trial, the bundles the trial reserved for its client actors; otherwise spread them."""
-    import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    group = ray.util.get_current_placement_group()
-    if group is None:
-        return "SPREAD"
-    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=-1)
-
-
 def run_experiment(
     config: Config,
     run_dir: Path | RunDir,
@@ -254,17 +229,16 @@ def _drive(
     import ray
 
     from raysim import compiled, precision
+    from raysim.engine.placement import start_engine
     from raysim.engine.ray_session import ray_session
 
     res = config.resources
     # in process, the run's actors set this process's precision and compile setting: given back afterwards
     with ray_session(res, address), precision.kept(), compiled.kept():
         check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
-        if res.in_process:
-            server, actors, refs = _in_process(config, exp, run_dir)
-        else:
-            server, actors, refs = _start_actors(config, exp, run_dir)
-        try:  # `refs` keeps the shared arrays, and the depot that hands them out, alive for the run
+        engine = start_engine(config, exp, run_dir)
+        server, actors = engine.server, engine.actors
+        try:
             run_dir.write_actors(ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
             start = RunStart(ray.get(server.completed_rounds.remote()), config.rounds, actors)
             # Only now: a resume whose checkpoint cannot be read leaves the run's config as it was.
@@ -280,100 +254,7 @@ def _drive(
                 callback.on_run_end(summary)
             return summary
         finally:
-            if not res.in_process:
-                for handle in [server, *actors, refs[0]]:
-                    ray.kill(handle, no_restart=True)
-
-
-def server_inputs(exp: Experiment) -> ServerInputs:
-    """The part of the experiment the server needs (the training data stays with the clients)."""
-    from raysim.engine.server import ServerInputs
-
-    data = exp.dataset
-    return ServerInputs(
-        exp.spec,
-        data.test_x,
-        data.test_y,
-        exp.mean,
-        exp.std,
-        partition_counts=exp.counts,
-        class_names=data.classes,
-        test_domain=data.test_domain,
-        domains=data.domains,
-        data_digest=exp.data_digest,
-    )
-
-
-def _start_actors(config: Config, exp: Experiment, run_dir: RunDir):
-    """The client actors (each holding a fixed shard of clients) and the server actor."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    from raysim.engine.client_actor import ClientActor, ShardDepot
-    from raysim.engine.ray_session import check_resources, plan_actors
-    from raysim.engine.server import ServerActor
-
-    res = config.resources
-    num_actors, planned = plan_actors(res, config.clients.num)
-    if planned:
-        print(planned, file=sys.stderr)
-    check_resources(res, num_actors)
-    owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
-    train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
-    shards = [
-        [
-            train_x,
-            train_y,
-            ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}),
-            ray.put(None if exp.holdout is None else {k: exp.holdout[k] for k in sorted(owner) if owner[k] == a}),
-        ]
-        for a in range(num_actors)
-    ]
-    # The server and the depot live on the driver's node, so the run directory is written where the
-    # user looks and the shards stay reachable while the driver runs.
-    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    depot_name = f"raysim-shards-{uuid.uuid4().hex}"
-    depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote(shards)
-    state_dir = str(run_dir.client_state_dir)
-    placement = client_placement()
-    actors = [
-        ClientActor.options(
-            num_cpus=res.cpus_per_actor,
-            num_gpus=res.gpus_per_actor,
-            max_restarts=res.max_restarts,
-            max_task_retries=res.max_task_retries,
-            scheduling_strategy=placement,
-        ).remote(config, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
-        for a in range(num_actors)
-    ]
-    server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
-        config, server_inputs(exp), run_dir, actors, owner
-    )
-    return server, actors, [depot, shards]
-
-
-def _in_process(config: Config, exp: Experiment, run_dir: RunDir):
-    """resources.in_process: one client runtime holding every client, and the server, in this process."""
-    from raysim.engine.client_actor import ClientRuntime
-    from raysim.engine.in_process import InProcess
-    from raysim.engine.server import ServerRuntime
-
-    res = config.resources
-    clients = ClientRuntime(
-        config,
-        exp.spec,
-        exp.dataset.train_x,
-        exp.dataset.train_y,
-        dict(enumerate(exp.parts)),
-        exp.mean,
-        exp.std,
-        str(run_dir.client_state_dir),
-        res.gpus_per_actor,
-        validation_indices=None if exp.holdout is None else dict(enumerate(exp.holdout)),
-    )
-    actors = [InProcess(clients)]
-    server = InProcess(ServerRuntime(config, server_inputs(exp), run_dir, actors, {k: 0 for k in clients.data}))
-    return server, actors, []
+            engine.stop()
 
 
 def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:

@@ -32,7 +32,7 @@ import threading
 from pathlib import Path
 
 from raysim.errors import RaysimError
-from raysim.outputs.files import write_text
+from raysim.outputs.safe_write import write_text
 
 SIGNATURE_FILE = "tune_state.sig"
 SIGNED_CONFIGS = ("sweep.yaml", "base.yaml")

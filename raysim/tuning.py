@@ -29,10 +29,10 @@ import yaml
 from raysim.config import ResourcesConfig, dump_config
 from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
-from raysim.outputs.files import real_folder, refuse_link, write_text
 from raysim.outputs.run_dir import RunDir
+from raysim.outputs.safe_write import real_folder, refuse_link, write_text
 from raysim.sweep import Sweep, load_sweep
-from raysim.tables import text_table
+from raysim.text_table import text_table
 from raysim.tune_state import KeepSigned, verify
 
 TUNE_DIR, RUNS_DIR = "tune", "runs"
@@ -240,7 +240,7 @@ def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raysim.outputs.files import atomic_write
+    from raysim.outputs.safe_write import atomic_write
 
     table = pa.Table.from_pylist(rows)
     atomic_write(sweep_dir / "trials.parquet", lambda tmp: pq.write_table(table, tmp))

@@ -40,7 +40,7 @@ SLOW_FIXTURES = {"ray_session", "six_methods", "dcfl_run"}  # the last two run w
 SLOW_FILES = {
     "test_tune.py",
     "test_faults.py",
-    "test_received_dirs.py",
+    "test_received_dirs_run_no_code.py",
     "test_real_data.py",
     "test_resume_refusals.py",
     "test_reproduce.py",

@@ -68,10 +68,11 @@ def test_a_small_key_keeps_its_minimum_and_never_exceeds_its_full_value():
 
 
 def test_a_one_shot_bench_run_trains_its_own_client_stage():
+    from raysim.bench.cell import work_of
     from raysim.registry import algorithm_class
 
     for name in ("fedhydra", "dense", "coboosting", "feddf", "fedavg_oneshot", "ot_fusion"):
-        assert algorithm_class(name).bench_overrides == {"algorithm.cache_client_stage": False}, name
+        assert work_of(algorithm_class(name)).overrides == {"algorithm.cache_client_stage": False}, name
 
 
 def test_the_projection_reads_each_phase_line_at_the_full_work():

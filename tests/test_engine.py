@@ -98,7 +98,7 @@ def test_summary_reports_the_mean_of_the_last_five_evaluations(run_tiny):
 
 
 def test_rounds_to_accuracy_is_the_first_evaluated_round_reaching_each_target():
-    from raysim.engine.server import rounds_to_accuracy
+    from raysim.outputs.summary import rounds_to_accuracy
 
     history = [(2, 0.5), (4, 0.8), (6, 0.79), (8, 0.9)]  # eval.every=2
     assert rounds_to_accuracy(history, [0.8, 0.86, 0.95, 0.5, 1]) == {

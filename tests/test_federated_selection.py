@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -118,17 +117,13 @@ def test_a_config_stored_before_the_keys_existed_reads_as_final(tmp_path):
 
 
 def test_selection_takes_the_highest_validation_accuracy_the_earliest_on_a_tie():
-    from raysim.engine.server import ServerRuntime
+    from raysim.outputs.summary import selected_model
 
     accuracy = [(1, 0.5), (2, 0.7), (3, 0.6), (4, 0.65)]
     validation = [(2, 0.61), (3, 0.64), (4, 0.64)]
 
     def pick(selection):
-        runtime = SimpleNamespace(
-            config=SimpleNamespace(eval=SimpleNamespace(selection=selection)),
-            metrics=SimpleNamespace(server_values=lambda metric: validation if metric == "validation_accuracy" else []),
-        )
-        return ServerRuntime.selection(runtime, accuracy)
+        return selected_model(selection, accuracy, validation)
 
     assert pick("federated") == (3, 0.6)  # not round 2, the best on the test set
     assert pick("final") == (4, 0.65)

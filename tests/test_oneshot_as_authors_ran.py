@@ -278,7 +278,8 @@ def test_feddf_distils_on_another_datasets_images_from_the_clients_average(tmp_p
         "algorithm.name": "feddf",
         "algorithm.distill_dataset": "cifar10",
         "algorithm.distill_root": str(tmp_path / "cifar10"),
-        "algorithm.transfer_pool": "growing",  # the pool this test reads (the whole-set stream: test_fidelity_items)
+        # the pool this test reads (the whole-set stream: test_defaults_follow_the_authors_code)
+        "algorithm.transfer_pool": "growing",
         "dataset.verify": False,  # random images stand in for CIFAR-10
     }
     feddf = algorithm(**source)

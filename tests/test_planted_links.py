@@ -115,7 +115,7 @@ def _save_client_state(run_dir: Path) -> None:
 
 
 def _write_table(out: Path) -> None:
-    from raysim.outputs.files import write_text
+    from raysim.outputs.safe_write import write_text
 
     write_text(out / "table.md", "| a |\n")  # as raysim.reproduce.table_output.write_outputs
     write_text(out / "table.csv", "a\n")
@@ -142,7 +142,7 @@ def test_a_link_planted_at_a_name_raysim_writes_is_not_written_through(writer, a
 
 def test_temporary_names_are_fresh_each_time(tmp_path):
     """No fixed name to plant: two writes of one file use two different temporary names."""
-    from raysim.outputs.files import fresh_file
+    from raysim.outputs.safe_write import fresh_file
 
     names = {fresh_file(tmp_path, "summary.json").name for _ in range(20)}
     assert len(names) == 20 and all(n.startswith(".summary.json.") and n.endswith(".tmp") for n in names)
@@ -235,7 +235,7 @@ def test_a_file_is_not_written_into_a_linked_folder(tmp_path):
 @pytest.mark.parametrize("level", ["cell", "cell/method"])
 def test_a_linked_folder_between_a_table_and_its_runs_is_refused(level, tmp_path):
     """raysim reproduce --out OUT: runs lie in OUT/cell/method/sN (the run's writes go through both)."""
-    from raysim.outputs.files import real_folder
+    from raysim.outputs.safe_write import real_folder
 
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     elsewhere.mkdir()

@@ -1,5 +1,5 @@
 """`raysim report RUN... --plot FILE`: per-round curves, one line per experiment with a band over its
-seeds; and the one text-table printer (raysim.tables) behind report, tune and partition."""
+seeds; and the one text-table printer (raysim.text_table) behind report, tune and partition."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from raysim.cli import main
-from raysim.tables import text_table
+from raysim.text_table import text_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -119,11 +119,17 @@ from raysim.algorithm import (
     PositiveInt,
     Reply,
 )
-from raysim.algorithms.condensed._common import CondensationParams, CondensedDataAlgorithm, frozen, train_server_model
+from raysim.algorithms.condensed.condensation import (
+    CondensationParams,
+    CondensedDataAlgorithm,
+    frozen,
+    train_server_model,
+)
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.similarity import linear_cka, spearman
 from raysim.algorithms.condensed.synthetic import as_images, set_labels
+from raysim.bench.cell import bench_work
 from raysim.config.parse import Bound, build_dataclass
 from raysim.errors import RaysimError
 from raysim.registry import algorithm_class
@@ -304,16 +310,18 @@ class Condenser(CondensedDataAlgorithm):
         return resample_model(net, frozen(ctx.model("random")), payload["weights"], self.params.match_gamma, seed)
 
 
-class DCFL(Algorithm):
-    name = "dcfl"
-    summary = "DCFL: CKA-guided selection, clients share condensed data with complementary clients (on a base)"
-    Params = DCFLParams
-    work_keys = {  # raysim bench cell
+@bench_work(
+    keys={
         "local.epochs": "clients",
         "algorithm.steps": "clients",  # a client's condensation, the first time it is selected
         "algorithm.finetune_epochs": "clients",
         "algorithm.server_epochs": "server",  # the pre-training ServerUpdate
     }
+)
+class DCFL(Algorithm):
+    name = "dcfl"
+    summary = "DCFL: CKA-guided selection, clients share condensed data with complementary clients (on a base)"
+    Params = DCFLParams
 
     def __init__(self, params, config):
         super().__init__(params, config)

@@ -20,7 +20,7 @@ Choices where the paper is silent:
   - t_c is computed on the classes present in each server mini-batch;
   - averages over "clients" in eq. 8 and 12 run over the clients that hold class c, among the clients
     whose sets the server trains on (`server_sets`: by default every client seen so far, with its
-    latest V_k and R_k; `round`: the round's participants; raysim.algorithms.condensed._common);
+    latest V_k and R_k; `round`: the round's participants; raysim.algorithms.condensed.condensation);
   - eq. 17 re-samples w "in each step of the local data condensation", and eq. 6 is written with
     that w, so u_{k,c} goes through the step's re-sampled model w' (`cdc_model: resampled`) as the
     DM term sees it: the mean logit of the class in the DM term's own forward pass (batch norm in
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from raysim.algorithm import NonNegativeFloat, PositiveFloat, added_param
-from raysim.algorithms.condensed._common import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
+from raysim.algorithms.condensed.condensation import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
 from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.match_models import resample_model
 from raysim.algorithms.condensed.matching import class_mean_logits, soft_labels, symmetric_kl

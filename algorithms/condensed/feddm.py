@@ -5,7 +5,7 @@ matches, by distribution matching on features and logits, through models
 sampled around the received global model: w = w_global + rho g / ||g||, a fresh
 Gaussian direction g every step. The server trains the global model on the
 union of the clients' condensed sets with cross-entropy: by default every client's latest set seen so
-far (`server_sets: seen`; `round`: the round's participants' only; raysim.algorithms.condensed._common
+far (`server_sets: seen`; `round`: the round's participants' only; raysim.algorithms.condensed.condensation
 says what the paper and the re-implementation do).
 Defaults: FedAF's settings for FedDM (rho 5, image lr 1.0, image gradients clipped at
 norm 2.0; 500 server epochs, batch 256, lr 0.001). FedAF's paper ran FedDM with its own
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from raysim.algorithm import NonNegativeFloat
-from raysim.algorithms.condensed._common import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
+from raysim.algorithms.condensed.condensation import CondensedDataAlgorithm, Init, ServerSetsParams, frozen
 from raysim.algorithms.condensed.match_models import perturb_model
 
 

@@ -6,4 +6,7 @@ trajectory  the unrolled trajectory-matching loss and synthesis (eq. 3-4, Algori
 bench       `raysim bench trajectory`: recomputed vs stored unrolled steps, deterministic mode
 """
 
-ALGORITHMS = ("dynafed",)
+from raysim.registry import family_algorithms
+
+# Derived from the modules' classes (each algorithm is named once, by its class's `name`; raysim.registry)
+ALGORITHMS = tuple(family_algorithms(__path__))

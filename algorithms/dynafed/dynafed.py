@@ -52,6 +52,7 @@ from raysim.algorithms.condensed.dsa import DSA
 from raysim.algorithms.condensed.synthetic import to_pixels
 from raysim.algorithms.dynafed.trajectory import classifier_names, distance_after_training, synthesize
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.bench.cell import bench_work
 from raysim.config.parse import Bound
 from raysim.errors import RaysimError
 from raysim.macs import paused
@@ -83,10 +84,10 @@ def class_logits(num_classes: int, ipc: int, scale: float, device) -> torch.Tens
     return torch.nn.functional.one_hot(own_class, num_classes).float() * scale
 
 
+@bench_work(keys={"local.epochs": "clients", "algorithm.iterations": "server", "algorithm.finetune_epochs": "server"})
 class DynaFed(FedAvg):
     name = "dynafed"
     summary = "DynaFed: FedAvg + server-side data synthesised from the early global trajectory, then fine-tuning"
-    work_keys = {"local.epochs": "clients", "algorithm.iterations": "server", "algorithm.finetune_epochs": "server"}
 
     @dataclass(frozen=True)
     class Params:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raysim.algorithms.fedavg._params import batchnorm_keys
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.weight_math import batchnorm_keys
 from raysim.tensors import load_weights, module_weights
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from raysim.algorithm import PositiveFloat
-from raysim.algorithms.fedavg._params import as_tensors, param_names, squared_distance, zeros_like_params
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, squared_distance, zeros_like_params
 from raysim.tensors import weighted_average
 from raysim.training import cross_entropy_loss
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.algorithms.fedavg._params import param_names
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.weight_math import param_names
 from raysim.tensors import weighted_average
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from raysim.algorithm import NonNegativeFloat
-from raysim.algorithms.fedavg._params import as_tensors, param_names, squared_distance
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, squared_distance
 from raysim.training import cross_entropy_loss
 
 

@@ -57,9 +57,9 @@ from typing import Literal
 import numpy as np
 
 from raysim.algorithm import added_param
-from raysim.algorithms.fedavg._params import as_tensors, param_names, zeros_like_params
 from raysim.algorithms.fedavg.fedavg import FedAvg
 from raysim.algorithms.fedavg.fednova import normalised_steps
+from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, zeros_like_params
 from raysim.errors import RaysimError
 from raysim.tensors import weighted_average
 

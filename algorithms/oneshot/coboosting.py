@@ -1,6 +1,6 @@
 """Co-Boosting (Dai et al., ICLR 2024): one-shot FL where the synthetic data and the ensemble boost each other.
 
-After the one-shot client stage (algorithms/oneshot/_common.py), each distillation epoch:
+After the one-shot client stage (algorithms/oneshot/base.py), each distillation epoch:
 1. data generation: a fresh generator minimises the hard-sample-weighted cross-entropy
    mean((1 - p_y)^hs CE(E(x), y)) of the *weighted* ensemble E = sum_k w_k f_k / sum_k w_k, minus
    adv_weight times the unmasked student-teacher KL at temperature 3 (x T^2), plus bn_weight L_BN
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from raysim.algorithm import NonNegativeFloat, PositiveFloat
-from raysim.algorithms.oneshot._common import DataFreeDistillation, KDSchedule, OneShotParams
 from raysim.algorithms.oneshot.augment import augment_images
+from raysim.algorithms.oneshot.base import DataFreeDistillation, KDSchedule, OneShotParams
 from raysim.algorithms.oneshot.ensemble import weighted_logits
 from raysim.algorithms.oneshot.losses import adversarial_loss, distillation_loss, hard_sample_cross_entropy, ods_perturb
 from raysim.seeding import SERVER, torch_generator

@@ -1,6 +1,6 @@
 """DENSE (Zhang et al., NeurIPS 2022): data-free one-shot FL by ensemble distillation.
 
-After the one-shot client stage (algorithms/oneshot/_common.py), each distillation epoch:
+After the one-shot client stage (algorithms/oneshot/base.py), each distillation epoch:
 1. data generation: a fresh generator and its noise z minimise, for uniformly drawn target labels y,
    ce_weight CE(A(x), y) + bn_weight L_BN + adv_weight L_adv, with A the *average* of the client
    models' logits, L_BN the BN-statistics loss over every client model with BN layers, and L_adv
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 
 from raysim.algorithm import PositiveFloat
-from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
+from raysim.algorithms.oneshot.base import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.losses import adversarial_loss, distillation_loss
 
 

@@ -1,6 +1,6 @@
 """FedAvg one-shot: the size-weighted average of the clients' converged models (one architecture).
 
-The client stage is the one-shot family's (algorithms/oneshot/_common.py): every client trains its model
+The client stage is the one-shot family's (algorithms/oneshot/base.py): every client trains its model
 from the common initial weights (or, with client_init: independent, weights of its own) for
 local.epochs and uploads it once; the server averages them
 (McMahan et al., 2017, in one round). Distillation rounds leave the average as it is; with
@@ -9,7 +9,7 @@ global_rounds T > 1 clients restart from the average each round (FedHydra's Tabl
 
 from __future__ import annotations
 
-from raysim.algorithms.oneshot._common import OneShot
+from raysim.algorithms.oneshot.base import OneShot
 from raysim.tensors import weighted_average
 
 

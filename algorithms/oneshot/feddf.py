@@ -1,6 +1,6 @@
 """FedDF (Lin et al., NeurIPS 2020) as a one-shot method: ensemble distillation on unlabelled data.
 
-After the one-shot client stage (algorithms/oneshot/_common.py), the server model starts from the clients'
+After the one-shot client stage (algorithms/oneshot/base.py), the server model starts from the clients'
 size-weighted average (FedDF's fusion starts from FedAvg; `student_init`) and each distillation
 epoch trains it on KL(softmax(A/T) || softmax(S/T)) against the average of the client models'
 logits A (FedDF's AVGLOGITS, T = 1) on unlabelled images.
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from raysim.algorithm import NonNegativeFloat, NonNegativeInt, PositiveFloat, added_param
-from raysim.algorithms.oneshot._common import DataFreeDistillation, KDOptimizer, KDSchedule, OneShotParams
+from raysim.algorithms.oneshot.base import DataFreeDistillation, KDOptimizer, KDSchedule, OneShotParams
 from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
 from raysim.algorithms.oneshot.losses import distillation_loss

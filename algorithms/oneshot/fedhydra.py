@@ -1,6 +1,6 @@
 """FedHydra (Bai et al., KDD 2025): one-shot FL with model stratification and stratified aggregation.
 
-After the one-shot client stage (algorithms/oneshot/_common.py):
+After the one-shot client stage (algorithms/oneshot/base.py):
 - **Model stratification** (MS, Algorithm 2, eq. 1-7), once per client round: for every client k
   and class j a fresh generator is trained for `stratify_steps` steps to make model k alone
   predict j (eq. 1, over the generator's weights; its noise stays fixed, as in the authors' code,
@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 
 from raysim.algorithm import PositiveFloat
-from raysim.algorithms.oneshot._common import DataFreeDistillation, OneShotParams
+from raysim.algorithms.oneshot.base import DataFreeDistillation, OneShotParams
 from raysim.algorithms.oneshot.ensemble import (
     max_client_share,
     mean_logits,
@@ -92,6 +92,7 @@ from raysim.algorithms.oneshot.ensemble import (
 )
 from raysim.algorithms.oneshot.losses import KL_REDUCTIONS, adversarial_loss, distillation_loss
 from raysim.algorithms.oneshot.stratify import rank_against_predictions, stratification_scores
+from raysim.bench.cell import bench_work, work_of
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed
 
@@ -99,12 +100,14 @@ AGGREGATIONS = ("label_weighted", "label_weighted_raw", "stratified_eq8", "mean"
 FORMER_NAMES = {"stratified": "stratified_eq8", "stratified_unscaled": "label_weighted"}
 
 
+@bench_work(
+    keys={**work_of(DataFreeDistillation).keys, "algorithm.stratify_steps": "server"},
+    minimum={"algorithm.stratify_steps": 2},  # eq. 2 needs a loss curve
+)
 class FedHydra(DataFreeDistillation):
     name = "fedhydra"
     summary = "FedHydra: one-shot, model stratification + stratified aggregation guide synthesis and distillation"
     supports_client_models = True
-    work_keys = {**DataFreeDistillation.work_keys, "algorithm.stratify_steps": "server"}  # raysim bench cell
-    work_minimum = {"algorithm.stratify_steps": 2}  # eq. 2 needs a loss curve
 
     @dataclass(frozen=True)
     class Params(OneShotParams):

@@ -1,6 +1,6 @@
 """OT model fusion (Singh and Jaggi, NeurIPS 2020) as a one-shot method: align, then average.
 
-After the one-shot client stage (algorithms/oneshot/_common.py), the server aligns every client model's
+After the one-shot client stage (algorithms/oneshot/base.py), the server aligns every client model's
 neurons, layer by layer, to an anchor model by optimal transport (with equal widths and uniform
 marginals the transport plan is a permutation, raysim.algorithms.oneshot.fusion) and takes the size-weighted average
 of the aligned models. `alignment` chooses what the transport compares:
@@ -14,7 +14,7 @@ of the aligned models. `alignment` chooses what the transport compares:
   data-separated models too), and after local training the cheapest assignment is then the
   identity, so this variant is FedAvg one-shot to the digit; with activations the assignment can
   differ, and OT with it.
-`client_init: independent` (algorithms/oneshot/_common.py) starts each client from weights of its
+`client_init: independent` (algorithms/oneshot/base.py) starts each client from weights of its
 own, as the paper's models are trained from different seeds (their code's `torch.manual_seed(i)`
 per model; `--diff-init` for data-separated ones): averaging without alignment (FedAvg one-shot) is
 then expected to fail, and alignment does the work: weight-based OT then permutes neurons (tested).
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from raysim.algorithm import PositiveInt
-from raysim.algorithms.oneshot._common import OneShot, OneShotParams
+from raysim.algorithms.oneshot.base import OneShot, OneShotParams
 from raysim.algorithms.oneshot.fusion import align_to, ot_fuse
 from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
 from raysim.errors import RaysimError

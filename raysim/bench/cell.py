@@ -1,9 +1,15 @@
 """`raysim bench cell NAME`: what a whole cell (a table's cell or any config) will cost on this machine,
 which phase of it dominates, and how much memory its processes need - from two short runs.
 
-An algorithm declares the config keys that count its repeated work (`Algorithm.work_keys`: local
-epochs, condensation steps, synthesis iterations, server epochs ...) and the phase each multiplies
-(the clients' step or the server's update). The bench runs the cell twice as it is - same data,
+An algorithm declares the config keys that count its repeated work (local epochs, condensation
+steps, synthesis iterations, server epochs ...) and the phase each multiplies (the clients' step or
+the server's update) here, beside the bench, not on the Algorithm: its class is decorated with
+`@bench_work(keys={"algorithm.steps": "clients", ...})`, optionally with `minimum=` (a key's smallest
+valid value, where above 1) and `overrides=` (settings that make each bench run do its own work,
+such as a cache turned off). A built-in family and a researcher's own class (`algorithm.name:
+module:Class`) declare theirs the same way (`from raysim.bench.cell import bench_work`); each part is
+inherited from the nearest base class that declares it, and a class no one declared for counts
+`local.epochs` in the clients' step. The bench runs the cell twice as it is - same data,
 partition, models, actors, rounds, evaluation - but with every work key at a fraction f of its value
 and then at 2f (at least 1; never above the full value), each run a real run through Ray in a
 temporary folder. Per phase (from metrics.parquet: broadcast, clients, server update, evaluation;
@@ -25,8 +31,10 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -56,6 +64,50 @@ LABELS = {
 }
 
 
+@dataclass(frozen=True)
+class BenchWork:
+    """What `raysim bench cell` scales and sets for one algorithm class (see the module's docstring)."""
+
+    keys: dict[str, str] = field(default_factory=lambda: {"local.epochs": "clients"})  # config key -> phase
+    minimum: dict[str, int] = field(default_factory=dict)  # a work key's smallest valid value, where above 1
+    overrides: dict[str, Any] = field(default_factory=dict)  # settings that make each bench run do its own work
+
+
+# algorithm class -> the parts of BenchWork it declared itself (filled as the algorithms' modules load)
+_DECLARED: dict[type, dict[str, dict]] = {}
+
+
+def bench_work(
+    *,
+    keys: dict[str, str] | None = None,
+    minimum: dict[str, int] | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Callable[[type], type]:
+    """Class decorator: the algorithm's work keys (each with the phase it multiplies: "clients" or
+    "server"), their minimum values and the bench runs' overrides; a part not given is inherited."""
+    for key, phase in (keys or {}).items():
+        if phase not in ("clients", "server"):
+            raise ValueError(f"bench_work: work key {key!r} multiplies phase {phase!r}: use 'clients' or 'server'")
+    given = {"keys": keys, "minimum": minimum, "overrides": overrides}
+
+    def declare(cls: type) -> type:
+        _DECLARED[cls] = {part: dict(value) for part, value in given.items() if value is not None}
+        return cls
+
+    return declare
+
+
+def work_of(cls: type) -> BenchWork:
+    """The class's BenchWork: each part from the nearest class in its MRO that declared it."""
+    found: dict[str, Any] = {}
+    for part in ("keys", "minimum", "overrides"):
+        for base in cls.__mro__:
+            if part in _DECLARED.get(base, {}):
+                found[part] = dict(_DECLARED[base][part])
+                break
+    return BenchWork(**found)
+
+
 @dataclass
 class WorkKey:
     key: str  # dotted config key
@@ -78,13 +130,13 @@ def work_keys(config, fraction: float) -> list[WorkKey]:
     from raysim.report import flatten
 
     values = flatten(yaml.safe_load(dump_config(config)))
-    cls = algorithm_class(config.algorithm.name)
+    work = work_of(algorithm_class(config.algorithm.name))
     keys = []
-    for key, phase in cls.work_keys.items():
+    for key, phase in work.keys.items():
         full = values.get(key)
         if not isinstance(full, int) or isinstance(full, bool) or full < 1:
             continue
-        first = min(full, max(cls.work_minimum.get(key, 1), round(full * fraction)))
+        first = min(full, max(work.minimum.get(key, 1), round(full * fraction)))
         keys.append(WorkKey(key, phase, full, first, min(full, 2 * first)))
     return keys
 
@@ -148,9 +200,8 @@ def cell(opts: dict) -> None:
         raise RaysimError(f"bench cell: fraction={opts['fraction']} must be a number in (0, 0.5]")
     check_cell_name(opts["config"], "raysim bench cell")  # a cell's scale is its name's last part here
     config = load_named_config(opts["config"], opts["overrides"])
-    cls = algorithm_class(config.algorithm.name)
     keys = work_keys(config, fraction)
-    fixed = [f"{k}={v}" for k, v in cls.bench_overrides.items()]
+    fixed = [f"{k}={v}" for k, v in work_of(algorithm_class(config.algorithm.name)).overrides.items()]
     runs = []
     for which in ("first", "second"):
         values = [f"{k.key}={getattr(k, which)}" for k in keys]

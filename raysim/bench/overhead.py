@@ -151,7 +151,8 @@ class RoundTimer(Callback):
 
 def engine_rounds(config: Config, experiment) -> tuple[RoundTimer, float]:
     """The timings and peak memory (bytes) of a full engine run."""
-    from raysim.runner import assign_clients, run_experiment
+    from raysim.engine.placement import assign_clients
+    from raysim.runner import run_experiment
 
     timer = RoundTimer(
         config.resources.actors, assign_clients([len(p) for p in experiment.parts], config.resources.actors)
@@ -202,7 +203,7 @@ def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], 
     import torch
 
     from raysim.engine.client_actor import to_model_input
-    from raysim.runner import assign_clients
+    from raysim.engine.placement import assign_clients
     from raysim.tensors import load_weights, module_weights, weighted_average
     from raysim.training import evaluate
 

@@ -161,12 +161,16 @@ class OutputConfig:
     checkpoint_every: int = 1
 
 
+# The algorithm a config that names none runs (raysim.registry, raysim.experiment read it too).
+DEFAULT_ALGORITHM = "fedavg"
+
+
 @dataclass(frozen=True)
 class AlgorithmSection:
     """`algorithm:` resolved: the algorithm's name and its Params (a dataclass instance, every value
     typed and checked). Its parameters read as attributes of the section too: `config.algorithm.ipc`."""
 
-    name: str = "fedavg"
+    name: str = DEFAULT_ALGORITHM
     params: Any = None
 
     def __getattr__(self, key: str) -> Any:

@@ -1,9 +1,8 @@
-"""Starting or attaching to Ray, and checking that the cluster can host the actors asked for."""
+"""Starting or attaching to Ray (how many actors it hosts, and where: raysim.engine.placement)."""
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import subprocess
@@ -177,47 +176,3 @@ def _watch_private_ray():
         return reaper.start({child.pid for child in psutil.Process().children(recursive=True)})
     except OSError:
         return None
-
-
-def plan_actors(resources: ResourcesConfig, num_clients: int) -> tuple[int, str | None]:
-    """The number of client actors, and a line saying how it was chosen when it was not fixed."""
-    if resources.actors is not None:
-        return resources.actors, None
-    total = ray.cluster_resources()
-    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0) - resources.server_gpus
-    fits = [math.floor(cpus / resources.cpus_per_actor + 1e-9)]
-    if resources.gpus_per_actor:
-        fits.append(math.floor(gpus / resources.gpus_per_actor + 1e-9))
-    count = min(num_clients, *fits)
-    if count < 1:
-        raise RaysimError(
-            f"resources.actors=auto: the Ray cluster ({cpus:g} CPUs, {max(gpus, 0):g} free GPUs) "
-            f"cannot hold one actor of {resources.cpus_per_actor:g} CPU and "
-            f"{resources.gpus_per_actor:g} GPU: lower the per-actor share"
-            + (f" or resources.server_gpus={resources.server_gpus:g}" if resources.server_gpus and gpus < 1e-9 else "")
-        )
-    why = f"{cpus:g} CPUs / {resources.cpus_per_actor:g} per actor"
-    if resources.gpus_per_actor:
-        why += f", {gpus:g} GPUs / {resources.gpus_per_actor:g} per actor"
-    return count, f"resources.actors=auto: {count} client actors ({why}, {num_clients} clients)"
-
-
-def check_resources(resources: ResourcesConfig, actors: int | None = None) -> None:
-    """Fail with one line, instead of hanging, when the actors cannot all be placed."""
-    total = ray.cluster_resources()
-    actors = resources.actors if actors is None else actors
-    wanted = {
-        "CPU": actors * resources.cpus_per_actor,
-        "GPU": actors * resources.gpus_per_actor + resources.server_gpus,
-    }
-    short = []
-    for kind, need in wanted.items():
-        have = total.get(kind, 0.0)
-        if need > have + 1e-9:
-            share = f"resources.{kind.lower()}s_per_actor={getattr(resources, kind.lower() + 's_per_actor'):g}"
-            if kind == "GPU" and resources.server_gpus:
-                share += f" + resources.server_gpus={resources.server_gpus:g}"
-            short.append(f"{need:g} {kind}s (resources.actors={actors} x {share}) but the Ray cluster has {have:g}")
-    if short:
-        # every shortfall in the one line, so that 8 GPUs on a CPU machine is named even when CPUs are short too
-        raise RaysimError("the run needs " + " and ".join(short) + ": lower resources.actors or the per-actor share")

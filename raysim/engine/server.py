@@ -8,15 +8,14 @@ One round (paper-agnostic):
   evaluate the global weights on the test split; hand the round's results to the output callbacks
   (metrics.parquet, TensorBoard, checkpoint, summary.json: raysim.outputs.callbacks).
 
-Model selection without the test set (eval.selection): summary.json's selected_round is the last
-evaluated round (`final`), or (`federated`) the candidate round - every eval.select_every-th
-evaluated round and the last - whose global weights score the highest pooled accuracy on the
-validating clients' held-out shares (the earliest on a tie); selected_accuracy is that round's test
-accuracy. At a candidate round, after the test evaluation, the weights are put once in the object
-store, each actor hosting validating clients scores them on each client's share and replies with
-counts; the round logs validation_accuracy and validation_loss, and the bytes (the weights to each
-validating client, each reply) in bytes_down/bytes_up and, to take them out, in
-bytes_validation_down/bytes_validation_up.
+Model selection without the test set (eval.selection): summary.json (raysim.outputs.summary)
+names the last evaluated round (`final`), or (`federated`) the candidate round - every
+eval.select_every-th evaluated round and the last - whose global weights score the highest pooled
+accuracy on the validating clients' held-out shares. At a candidate round, after the test
+evaluation, the weights are put once in the object store, each actor hosting validating clients
+scores them on each client's share and replies with counts; the round logs validation_accuracy and
+validation_loss, and the bytes (the weights to each validating client, each reply) in
+bytes_down/bytes_up and, to take them out, in bytes_validation_down/bytes_validation_up.
 """
 
 from __future__ import annotations
@@ -47,21 +46,14 @@ from raysim.outputs.callbacks import (
     TensorBoardFile,
 )
 from raysim.outputs.run_dir import RunDir
+from raysim.outputs.summary import run_summary
 from raysim.partition import validating_clients
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
 from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate, evaluate_by_group
 
-LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
 RESULT_CHUNK_BYTES = 32 * 2**20  # an actor streams its clients' results in chunks of at least this many bytes
-
-
-def rounds_to_accuracy(accuracy: list[tuple[int, float]], targets: list[float]) -> dict[str, int | None]:
-    """summary.json's rounds_to_accuracy: for each target ("0.8"), the first round whose test accuracy
-    reaches it (rounds as metrics.parquet numbers them; with eval.every > 1, the first evaluated one),
-    None if none did. `accuracy` is the run's (round, accuracy) history, in round order."""
-    return {str(float(t)): next((r for r, a in accuracy if a >= t), None) for t in targets}
 
 
 @dataclass
@@ -383,93 +375,20 @@ class ServerRuntime:
 
     # ------------------------------------------------------------------ end
     def summary(self, finished: bool) -> dict[str, Any]:
-        accuracy = self.metrics.server_values("accuracy")
-        loss = self.metrics.server_values("loss")
-        # the best of the method's own models (Algorithm.own_model), the earliest round on a tie
-        own = [(r, v) for r, v in accuracy if self.algorithm.own_model(self.state, r)] or accuracy
-        best_round, best = max(own, key=lambda rv: (rv[1], -rv[0])) if own else (None, None)
-        selected_round, selected = self.selection(accuracy)
-        return {
-            "algorithm": self.config.algorithm.name,
-            "dataset": self.config.dataset.name,
-            "evaluated_on": self.config.eval.split,  # test, or the held-out validation share of the training split
-            "seed": self.config.seed,
-            "rounds": self.completed,
-            "rounds_planned": self.config.rounds,
-            "finished": finished,
-            "final_accuracy": accuracy[-1][1] if accuracy else None,
-            "final_loss": loss[-1][1] if loss else None,
-            # the best test accuracy over the evaluated rounds: chosen by looking at the test set
-            "best_accuracy": best,
-            "best_round": best_round,
-            # the model chosen without the test set (eval.selection), and its test accuracy
-            "selection": self.config.eval.selection,
-            "selected_round": selected_round,
-            "selected_accuracy": selected,
-            # DynaFed's reported metric: the mean test accuracy of the last LAST_EVALUATIONS evaluations
-            "last5_accuracy": float(np.mean([v for _, v in accuracy[-LAST_EVALUATIONS:]])) if accuracy else None,
-            **(
-                {"rounds_to_accuracy": rounds_to_accuracy(accuracy, self.config.eval.targets)}
-                if self.config.eval.targets
-                else {}
-            ),
-            "bytes_up": sum(v for _, v in self.metrics.server_values("bytes_up")),
-            "bytes_down": sum(v for _, v in self.metrics.server_values("bytes_down")),
-            **self.validation_bytes(),
-            "wall_time_s": self.wall_time(),
-            # the peak memory of a client actor's process and of the server's, in MiB (on CUDA: tensors
-            # on the GPU), over this process's life (a resumed run: since it resumed)
-            "peak_memory_mb": {"clients": self.clients_peak_mb or None, "server": peak_memory_mb(self.device)},
-            **self.client_models(),
-            **self.domain_summary(),
-            **self.ctx.log.summary,
-            **self.algorithm.summary_extras(self.state),
-        }
-
-    def selection(self, accuracy: list[tuple[int, float]]) -> tuple[int | None, float | None]:
-        """(round, test accuracy) of the model eval.selection picks: `final`, the last evaluated round;
-        `federated`, the candidate round with the highest validation_accuracy, the earliest on a tie.
-        From the metrics history, so that a resumed run picks as an uninterrupted one."""
-        if self.config.eval.selection == "federated":
-            scores = self.metrics.server_values("validation_accuracy")
-            if not scores:
-                return None, None
-            chosen = max(scores, key=lambda rv: (rv[1], -rv[0]))[0]
-            return chosen, dict(accuracy).get(chosen)
-        return accuracy[-1] if accuracy else (None, None)
-
-    def validation_bytes(self) -> dict[str, int]:
-        """With federated selection: the part of bytes_up and bytes_down that validation moved."""
-        if self.config.eval.selection != "federated":
-            return {}
-        return {
-            key: sum(v for _, v in self.metrics.server_values(key))
-            for key in ("bytes_validation_up", "bytes_validation_down")
-        }
-
-    def client_models(self) -> dict[str, Any]:
-        """With clients.models: which clients have which architecture."""
+        """summary.json (raysim.outputs.summary), from the metrics history and the server's state."""
         spec = self.ctx.spec
-        if not spec.heterogeneous:
-            return {}
-        groups: dict[str, list[int]] = {}
-        for k, arch in enumerate(spec.architectures):
-            groups.setdefault(arch.describe(), []).append(k)
-        return {"client_models": groups}
-
-    def domain_summary(self) -> dict[str, Any]:
-        """Domain-skew runs: the last evaluation's per-domain accuracies and their mean (the papers' figure)."""
-        if not self.domains:
-            return {}
-
-        def last(metric: str) -> float | None:
-            values = self.metrics.server_values(metric)
-            return values[-1][1] if values else None
-
-        return {
-            "final_domain_accuracy_mean": last("domain_accuracy_mean"),
-            "final_domain_accuracy": {name: last(f"domain_accuracy/{name}") for name in self.domains},
-        }
+        return run_summary(
+            self.config,
+            self.metrics,
+            completed=self.completed,
+            finished=finished,
+            own_model=lambda r: self.algorithm.own_model(self.state, r),
+            extras={**self.ctx.log.summary, **self.algorithm.summary_extras(self.state)},
+            wall_time_s=self.wall_time(),
+            peak_memory_mb={"clients": self.clients_peak_mb or None, "server": peak_memory_mb(self.device)},
+            architectures=[a.describe() for a in spec.architectures] if spec.heterogeneous else None,
+            domains=self.domains,
+        )
 
     def finish(self) -> dict[str, Any]:
         summary = self.summary(finished=self.completed >= self.config.rounds)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raysim.errors import RaysimError
-from raysim.outputs.files import atomic_write
+from raysim.outputs.safe_write import atomic_write
 
 SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa.string()), ("value", pa.float64())])
 

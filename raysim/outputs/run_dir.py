@@ -15,7 +15,7 @@
 Everything here is plain data (a path), so a `RunDir` travels to Ray actors as it is.
 
 A run directory may come from someone else, so nothing planted in it makes raysim write outside it
-(raysim.outputs.files): each file is written under a fresh, unpredictable name created exclusively
+(raysim.outputs.safe_write): each file is written under a fresh, unpredictable name created exclusively
 and renamed onto its own (a link at the final name is replaced, not followed); `.lock` is opened
 without following a link; and a run directory that is itself a symbolic link, or whose
 checkpoints/, client_state/ (or a client's folder in it) or tensorboard/ is one, is refused in one
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysim.errors import RaysimError
-from raysim.outputs.files import atomic_write, refuse_link, write_json, write_text
+from raysim.outputs.safe_write import atomic_write, refuse_link, write_json, write_text
 
 if TYPE_CHECKING:
     from raysim.data.identity import DataIdentity

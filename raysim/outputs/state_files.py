@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from raysim.errors import RaysimError
-from raysim.outputs.files import atomic_write
+from raysim.outputs.safe_write import atomic_write
 
 _ARRAY = "__raysim_ndarray__"  # tag of an encoded numpy array
 
@@ -67,7 +67,7 @@ def decode(obj: Any) -> Any:
 
 def save_state(path: Path, obj: Any) -> None:
     """Write `obj` atomically (a run killed at any moment leaves the previous file intact), never
-    through a link planted at its name or its temporary one (raysim.outputs.files)."""
+    through a link planted at its name or its temporary one (raysim.outputs.safe_write)."""
     encoded = encode(obj)
     atomic_write(Path(path), lambda p: torch.save(encoded, p))
 

@@ -134,7 +134,7 @@ def reproduce(
     if table_only:
         finished_only(runs, out)  # before real_folder: it creates --out, and there is nothing to put in it
     try:  # once every run's config is valid: a refused table leaves no folder behind
-        from raysim.outputs.files import real_folder
+        from raysim.outputs.safe_write import real_folder
 
         real_folder(out)  # a linked --out is refused before the runs, not when the table is written
     except OSError as exc:

@@ -74,7 +74,7 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
             ax.legend(fontsize=7 if len(present) > 8 else 8, ncols=2 if len(present) > 8 else 1)
     fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
     _lay_out(fig, pareto_labels)
-    from raysim.outputs.files import atomic_write
+    from raysim.outputs.safe_write import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".")))  # never through a link
     return path

@@ -281,8 +281,8 @@ def _side_by_side(one: Callable[[PlannedRun], None], todo: list[PlannedRun], wid
 
 
 def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar: bool) -> Callable[[PlannedRun], None]:
-    from raysim.outputs.files import real_folder
     from raysim.outputs.run_lock import unlock_run_dir
+    from raysim.outputs.safe_write import real_folder
     from raysim.results import RunRecord
     from raysim.runner import ProgressBar, failure_message, new_run_dir, run_experiment
 

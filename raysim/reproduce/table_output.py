@@ -344,8 +344,8 @@ def write_outputs(
     finished runs; `command` (the one that writes them) heads table.md. DIR/.gitignore leaves each
     run's record to version control (what the command reads to write the table again without
     running), not its checkpoints and events."""
-    from raysim.outputs.files import write_text
     from raysim.outputs.run_dir import BEYOND_RECORD
+    from raysim.outputs.safe_write import write_text
 
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)

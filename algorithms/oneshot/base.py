@@ -75,6 +75,7 @@ from raysim.algorithms.oneshot.augment import AUGMENTATIONS
 from raysim.algorithms.oneshot.datafree import add_to_pool, distill_epoch, synthesize
 from raysim.algorithms.oneshot.ensemble import mean_logits
 from raysim.algorithms.oneshot.generator import Generator
+from raysim.bench.cell import bench_work
 from raysim.config import ModelConfig
 from raysim.errors import RaysimError
 from raysim.macs import paused
@@ -124,6 +125,9 @@ class OneShotParams:
     kd_grad_clip: NonNegativeFloat = own_default(0.0)  # > 0: the student's gradient norm is clipped to it
 
 
+# raysim bench cell: the client stage is the clients' work (each bench run trains its own, not the
+# cached one); the distillation epochs are rounds, which the bench never cuts
+@bench_work(overrides={"algorithm.cache_client_stage": False})
 class OneShot(Algorithm):
     """The client stage, the round schedule and the reports; subclasses say what the server does
     with the uploaded models (`after_client_stage`) and in each distillation epoch (`distill`)."""
@@ -131,9 +135,6 @@ class OneShot(Algorithm):
     supports_client_models = True
     needs_data_digest = True
     Params = OneShotParams
-    # raysim bench cell: the client stage is the clients' work (each bench run trains its own, not the
-    # cached one); the distillation epochs are rounds, which the bench never cuts
-    bench_overrides = {"algorithm.cache_client_stage": False}
 
     def __init__(self, params, config):
         super().__init__(params, config)
@@ -328,13 +329,12 @@ class OneShot(Algorithm):
         return {"weights": weights}
 
 
+@bench_work(keys={"local.epochs": "clients", "algorithm.generator_steps": "server"})
 class DataFreeDistillation(OneShot):
     """DENSE's loop (and Co-Boosting's and FedHydra's): each distillation epoch trains a fresh
     generator against the ensemble (`generator_objective`, plus `bn_weight` times the BN-statistics
     loss), adds its best batch to the pool, and trains the server model one pass over the pool on
     `distillation_loss` against the ensemble (`ensemble`)."""
-
-    work_keys = {"local.epochs": "clients", "algorithm.generator_steps": "server"}  # raysim bench cell
 
     def after_client_stage(self, state, round_index, ctx):
         return {**state, "pool_x": None, "pool_y": None}

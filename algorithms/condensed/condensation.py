@@ -56,6 +56,7 @@ from raysim.algorithms.condensed.synthetic import (
     to_pixels,
     train_on_synthetic,
 )
+from raysim.bench.cell import bench_work
 from raysim.seeding import SERVER, torch_generator
 from raysim.tensors import load_weights, module_weights
 
@@ -136,10 +137,10 @@ def frozen(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+@bench_work(keys={"algorithm.steps": "clients", "algorithm.server_epochs": "server"})
 class CondensedDataAlgorithm(Algorithm):
     match_logits = False  # DM on logits too (FedDM)
     extra_loss_name = "extra"  # names the gradient-ratio metric of `extra_condensation_loss`
-    work_keys = {"algorithm.steps": "clients", "algorithm.server_epochs": "server"}  # raysim bench cell
 
     # ------------------------------------------------------------- client
     def client_update(self, payload: dict[str, Any], client: ClientData, ctx: Context) -> dict[str, Any]:

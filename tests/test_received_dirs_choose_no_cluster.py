@@ -187,7 +187,7 @@ def test_the_data_cache_serves_new_content_after_a_same_size_same_mtime_rewrite(
 
 def test_a_resumed_sweep_does_not_go_to_the_cluster_its_base_names(tmp_path, no_ray, capsys):
     from raysim.tuning import resume_sweep
-    from tests.test_received_dirs import signed_sweep_dir
+    from tests.test_received_dirs_run_no_code import signed_sweep_dir
 
     sweep_dir = signed_sweep_dir(tmp_path)
     base = yaml.safe_load((sweep_dir / "base.yaml").read_text())
