@@ -34,15 +34,16 @@ NonNegativeFloat = Annotated[float, Bound(ge=0)]
 OWN = "own"  # dataclasses.field metadata: a shared parameter whose value is each method's own (own_default)
 
 
-BEFORE = "before"  # dataclasses.field metadata: what runs made before the parameter existed ran (added_param)
+BEFORE, SINCE = "before", "since"  # dataclasses.field metadata of added_param
 
 
-def added_param(default: Any, before: Any) -> Any:
+def added_param(default: Any, before: Any, since: int) -> Any:
     """A parameter added with a default that changes what earlier versions ran (a reading made to
     follow a paper or its authors' code): `before` is the value that reproduces runs made before it
-    existed, so that --resume and raysim reproduce read their stored configs as what they ran
-    (raysim.experiment.as_made), not as the new default."""
-    return field(default=default, metadata={BEFORE: before})
+    existed, `since` the run format (raysim.run_format.RUN_FORMAT) that first wrote it. A stored
+    config of an earlier format reads as its run ran (raysim.run_format.config_as_made), not as the
+    new default."""
+    return field(default=default, metadata={BEFORE: before, SINCE: since})
 
 
 def own_default(value: Any) -> Any:

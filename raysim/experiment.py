@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raysim.algorithm import BEFORE
 from raysim.config.files import FROM_KEY, PER_METHOD, method_keys, read_one_yaml, read_yaml, resolve
 from raysim.config.parse import build_dataclass, parse_override, set_path
 from raysim.config.schema import DEFAULT_ALGORITHM, Config, client_architectures, validate
@@ -114,27 +113,6 @@ def _check_taken(source: Path, method: str) -> None:
             f"{method}'s own parameter(s) {', '.join(theirs)}: name a file written for {method}, or set them in "
             f"this config's {PER_METHOD} entry for {method} instead of '{FROM_KEY}:'"
         )
-
-
-def as_made(tree: dict[str, Any]) -> dict[str, Any]:
-    """A run directory's stored config with each algorithm parameter added since the run was made
-    set to what that run ran: the value the parameter declares for earlier runs (added_param), else
-    its default (a parameter added with the old behaviour as its default). --resume and raysim
-    reproduce read stored configs so: a run is never counted as, or continued in, a reading it did
-    not run."""
-    algorithm = tree.get("algorithm")
-    if not isinstance(algorithm, dict):
-        return tree
-    try:
-        cls = algorithm_class(str(algorithm.get("name", DEFAULT_ALGORITHM)))
-    except RaysimError:
-        return tree  # refused where the config is read, in one line
-    earlier = {
-        f.name: f.metadata[BEFORE]
-        for f in dataclasses.fields(cls.Params)
-        if BEFORE in f.metadata and f.name not in algorithm
-    }
-    return {**tree, "algorithm": {**algorithm, **earlier}} if earlier else tree
 
 
 def config_from_dict(tree: dict[str, Any]) -> Config:

@@ -132,9 +132,9 @@ def report(run_dirs: list[str]) -> str:
                 label(members[0][2], differing) + (f" [{unfinished} unfinished]" if unfinished else ""),
                 str(len(members)),
                 mean_std([s["final_accuracy"] for s in summaries]),
-                mean_std([selected_accuracy(s) for s in summaries]),
+                mean_std([s["selected_accuracy"] for s in summaries]),
                 mean_std([s["best_accuracy"] for s in summaries]),
-                mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from runs made before it existed
+                mean_std([s.get("last5_accuracy") for s in summaries]),  # absent from format-1 runs
                 "/".join(sorted({str(s["rounds"]) for s in summaries})),
                 f"{np.mean([s['bytes_up'] for s in summaries]) / 1e6:.2f}",
                 f"{np.mean([s['bytes_down'] for s in summaries]) / 1e6:.2f}",
@@ -167,11 +167,6 @@ def report(run_dirs: list[str]) -> str:
         text += "\n" + "\n".join(f"note: {line}" for line in notes)
     clients = client_table(groups, differing)
     return f"{text}\n\n{clients}" if clients else text
-
-
-def selected_accuracy(summary: dict[str, Any]) -> float | None:
-    """summary.json's selected_accuracy; a run made before it existed selected its final model."""
-    return summary["selected_accuracy"] if "selection" in summary else summary.get("final_accuracy")
 
 
 def diverged_note(record: RunRecord) -> str | None:

@@ -2,11 +2,11 @@
 reproduce` alike.
 
 One reading of a run (`read_run`: summary.json and config.yaml through `RunDir`, each refused in one
-line when it is not what raysim writes; `read_curves`: the server's curves from metrics.parquet),
-one statistic over seeds (`stat`: the mean and the sample standard deviation, ddof 1, with the
-number of values), one reading of "rounds to a target accuracy" (`rounds_to`), and one of "the
-model diverged" (`RunRecord.diverged_at`). The two commands differ only in how they lay the
-numbers out.
+line when it is not what raysim writes, an older run's summary as made (raysim.run_format);
+`read_curves`: the server's curves from metrics.parquet), one statistic over seeds (`stat`: the mean
+and the sample standard deviation, ddof 1, with the number of values), one reading of "rounds to a
+target accuracy" (`rounds_to`), and one of "the model diverged" (`RunRecord.diverged_at`). The two
+commands differ only in how they lay the numbers out.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from raysim.outputs.run_dir import RunDir
+from raysim.run_format import summary_as_made
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def first_nonfinite_round(loss: tuple[np.ndarray, np.ndarray]) -> int | None:
 
 def read_run(path: str | Path) -> RunRecord:
     summary, config = RunDir(path).read_summary_and_config()
-    return RunRecord(Path(path), summary, config)
+    return RunRecord(Path(path), summary_as_made(summary), config)
 
 
 def read_curves(run_dir: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -2,7 +2,7 @@
 unfinished runs), in one place:
 
 - config: only `rounds` and `resources.*` may change, stored cluster keys are dropped (said in one
-  line), a parameter added since the run was made reads as what it ran (as_made), and a directory
+  line), a parameter added since the run was made reads as what it ran (raysim.run_format), and a directory
   that may come from someone else imports no code without --allow-code;
 - lock: a resume takes the run directory's lock; refused, it leaves the directory as received (the
   .lock and a data.json it added are removed again);
@@ -32,7 +32,7 @@ from raysim.config.files import read_yaml
 from raysim.data.home import dataset_folder
 from raysim.data.identity import DataIdentity
 from raysim.errors import RaysimError
-from raysim.experiment import as_made, load_config
+from raysim.experiment import load_config
 from raysim.outputs.metrics import MetricsTable
 from raysim.outputs.received import refuse_code
 from raysim.outputs.run_dir import RunDir
@@ -40,6 +40,7 @@ from raysim.outputs.run_lock import lock_run_dir, unlock_and_remove
 from raysim.outputs.state_files import check_model_arrays
 from raysim.plugins import user_code_refused
 from raysim.registry import algorithm_class
+from raysim.run_format import config_as_made, made_at
 
 
 def read_config(run_dir: RunDir, overrides: list[str], allow_code: bool) -> Config:
@@ -71,7 +72,7 @@ def resume_config(run_dir: str | Path | RunDir, overrides: list[str] = ()) -> Co
             raise RaysimError(
                 f"'{key}' cannot change on --resume (only rounds and resources.* can): start a new run instead"
             )
-    tree = as_made(read_yaml(run_dir.config_file))
+    tree = config_as_made(read_yaml(run_dir.config_file), made_at(run_dir.read_summary()))
     given = {text.split("=", 1)[0] for text in overrides}
     dropped = _drop_cluster_keys(tree, given)
     config = load_config(overrides=overrides, base=tree)

@@ -173,29 +173,6 @@ def test_scaffold_population_keeps_c_the_size_weighted_mean_of_all_clients_contr
         assert min(drifts) > 1e-2 and relative > 1e-2
 
 
-def test_scaffold_stored_configs_without_population_read_as_they_ran(tmp_path):
-    """`population` is the default of a config written today; a stored config naming `samples` (every
-    record since the key existed) stays `samples`, and one without the key (made before it) is
-    `mixed`, for --resume and raysim reproduce (as_made)."""
-    import yaml
-
-    from raysim.experiment import as_made, config_from_dict, load_config
-    from raysim.resume import resume_config
-
-    stored = load_config(None, ["algorithm.name=scaffold"]).to_dict()
-    assert stored["algorithm"]["weighting"] == "population"
-    named = {**stored, "algorithm": {**stored["algorithm"], "weighting": "samples"}}
-    assert config_from_dict(as_made(named)).algorithm.weighting == "samples"
-    before = {**stored, "algorithm": {k: v for k, v in stored["algorithm"].items() if k != "weighting"}}
-    assert config_from_dict(before).algorithm.weighting == "population"  # a user's config: the default
-    assert config_from_dict(as_made(before)).algorithm.weighting == "mixed"
-    for name, tree, ran in (("named", named, "samples"), ("before", before, "mixed")):
-        run_dir = tmp_path / name
-        run_dir.mkdir()
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(tree))
-        assert resume_config(run_dir).algorithm.weighting == ran
-
-
 def test_feddyn_gradient_state_persists(run_tiny):
     _, run_dir = run_tiny(**{"algorithm.name": "feddyn", "rounds": 2})
     g2 = client_state(run_dir, 0, 2)["grad"]

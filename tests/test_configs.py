@@ -764,20 +764,3 @@ def test_the_resolved_config_is_frozen_and_its_algorithm_section_is_the_algorith
     assert load_config(None, base=yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config  # dumps and reads back
 
 
-def test_a_stored_run_made_before_a_parameter_existed_is_read_as_what_it_ran(tmp_path):
-    """A parameter added with a new default (FedAF's cdc_model: resampled) reads as its declared
-    earlier value in a run directory's config that lacks it (--resume, raysim reproduce), and as the
-    default in a config a user writes."""
-    from raysim.experiment import as_made, config_from_dict
-    from raysim.resume import resume_config
-
-    config = load_config(None, ["algorithm.name=fedaf"])
-    stored = config.to_dict()
-    assert stored["algorithm"]["cdc_model"] == "resampled"
-    del stored["algorithm"]["cdc_model"]  # written before the parameter existed
-    assert config_from_dict(stored).algorithm.cdc_model == "resampled"  # a user's config: the default
-    assert config_from_dict(as_made(stored)).algorithm.cdc_model == "global"
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(stored))
-    assert resume_config(run_dir).algorithm.cdc_model == "global"

@@ -97,7 +97,7 @@ class ServerSetsParams(CondensationParams):
 
     # seen: the latest set of every client seen so far; round: only the round's participants' sets
     # (module docstring; configs made before the key read as round)
-    server_sets: Literal["seen", "round"] = added_param("seen", before="round")
+    server_sets: Literal["seen", "round"] = added_param("seen", before="round", since=2)
 
 
 def train_server_model(

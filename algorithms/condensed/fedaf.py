@@ -86,7 +86,7 @@ class FedAF(CondensedDataAlgorithm):
         cdc_points: Literal["mean", "per_image"] = "mean"
         # The model of u_{k,c} (eq. 6): "resampled" = the step's w' of eq. 17, as the DM term sees it;
         # "global" = the received global model, in eval mode on un-augmented images (as v of eq. 5).
-        cdc_model: Literal["resampled", "global"] = added_param("resampled", before="global")
+        cdc_model: Literal["resampled", "global"] = added_param("resampled", before="global", since=2)
 
     # ------------------------------------------------------------- server
     def server_init(self, model, ctx):

@@ -83,7 +83,9 @@ class Scaffold(FedAvg):
         # only when every client takes part; runs made before "population"); "uniform" = equal
         # (the paper's Algorithm 1); "mixed" = the models by size, the controls equal
         # (NIID-Bench's code; diverges on clients of very unequal sizes, module docstring).
-        weighting: Literal["population", "samples", "uniform", "mixed"] = added_param("population", before="mixed")
+        weighting: Literal["population", "samples", "uniform", "mixed"] = added_param(
+            "population", before="mixed", since=2
+        )
 
     def server_init(self, model, ctx):
         zeros = zeros_like_params(model)

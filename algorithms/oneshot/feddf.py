@@ -69,7 +69,7 @@ class FedDF(DataFreeDistillation):
         distill_root: str = ""  # ... and folder ("" = beside the dataset's folder)
         # with distill_source=dataset: whole (a stream over the whole transfer set, FedDF's code) or
         # growing (a pool growing by synthesis_batch an epoch; the 2-core scaling)
-        transfer_pool: Literal["whole", "growing"] = added_param("whole", before="growing")
+        transfer_pool: Literal["whole", "growing"] = added_param("whole", before="growing", since=2)
         # whole: batches a global round takes from the stream, spread over its epochs (FedDF's
         # code: total_n_server_pseudo_batches=10000); 0 = one pass over the transfer set an epoch
         transfer_steps: NonNegativeInt = 10000

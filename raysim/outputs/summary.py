@@ -17,6 +17,7 @@ import numpy as np
 
 from raysim.config import Config
 from raysim.outputs.metrics import MetricsTable
+from raysim.run_format import RUN_FORMAT
 
 LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
 
@@ -68,6 +69,7 @@ def run_summary(
     validation = metrics.server_values("validation_accuracy") if federated else []
     selected_round, selected = selected_model(config.eval.selection, accuracy, validation)
     return {
+        "run_format": RUN_FORMAT,  # how a later raysim reads this directory (raysim.run_format)
         "algorithm": config.algorithm.name,
         "dataset": config.dataset.name,
         "evaluated_on": config.eval.split,  # test, or the held-out validation share of the training split

@@ -119,14 +119,15 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
-    from raysim.experiment import as_made, config_from_dict
+    from raysim.experiment import config_from_dict
     from raysim.report import flatten
+    from raysim.run_format import config_as_made, made_at
 
-    # Both read through today's schema, the stored one as made (as_made): a parameter added since the
-    # run was made takes the value that run ran, so it makes the run another config only where the
-    # table asks for another; a stored config the schema no longer reads is another config.
+    # Both read through today's schema, the stored one as made (raysim.run_format): a parameter added
+    # since the run was made takes the value that run ran, so it makes the run another config only
+    # where the table asks for another; a stored config the schema no longer reads is another config.
     try:
-        stored = config_from_dict(as_made(stored)).to_dict()
+        stored = config_from_dict(config_as_made(stored, made_at(run.run_dir.read_summary()))).to_dict()
     except RaysimError as exc:
         raise RaysimError(
             f"'{run.run_dir}' holds a run of a config this raysim cannot read ({exc}): remove that folder, "

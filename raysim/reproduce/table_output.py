@@ -34,14 +34,6 @@ SHORT = {
 LABEL = {**SHORT, "best_accuracy": "best (test-selected)"}
 
 
-def reading(record: RunRecord, key: str) -> float | None:
-    """A summary.json number; selected_accuracy of a run made before it existed is its final
-    accuracy (the model it selected, eval.selection=final)."""
-    if key == "selected_accuracy" and "selection" not in record.summary:
-        key = "final_accuracy"
-    return record.value(key)
-
-
 @dataclass
 class Measured:
     """The finished seeds of one (cell, method), each run as read by raysim.results."""
@@ -55,10 +47,10 @@ class Measured:
 
     def values(self, key: str, scale: float = 100.0) -> list[float]:
         """The seeds' summary.json numbers under `key`, times `scale` (accuracies in percent)."""
-        return [v * scale for r in self.records if (v := reading(r, key)) is not None]
+        return [v * scale for r in self.records if (v := r.value(key)) is not None]
 
     def by_seed(self, metric: str) -> dict[int, float]:
-        return {seed: 100 * v for seed, r in zip(self.seeds, self.records) if (v := reading(r, metric)) is not None}
+        return {seed: 100 * v for seed, r in zip(self.seeds, self.records) if (v := r.value(metric)) is not None}
 
     def stat(self, key: str, scale: float = 100.0) -> Stat:
         return stat(self.values(key, scale))
