@@ -1,5 +1,5 @@
 """One experiment from config to run directory: prepare (no Ray), the run directory, then drive the
-rounds on the engine (raysim.engine.placement starts it) with the driver's callbacks (the progress bar)."""
+rounds on the engine (raysim.engine.start starts it) with the driver's callbacks (the progress bar)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from raysim import compiled, precision
 from raysim.algorithm import ModelSpec
 from raysim.config import Config, dump_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
 from raysim.data.identity import DataIdentity, array_digest, identity_of
+from raysim.engine.start import running_engine
 from raysim.errors import RaysimError, disk_full, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
 from raysim.outputs.run_dir import RunDir
@@ -226,49 +228,36 @@ def _drive(
     config: Config, exp: Experiment, run_dir: RunDir, address: str | None, callbacks: list[Callback]
 ) -> dict[str, Any]:
     """The round loop on Ray (or in process), with run_dir's lock held."""
-    import ray
-
-    from raysim import compiled, precision
-    from raysim.engine.placement import start_engine
-    from raysim.engine.ray_session import ray_session
-
-    res = config.resources
+    check_resumable(run_dir)  # before the engine starts: a refusal is one line, not an actor's traceback
     # in process, the run's actors set this process's precision and compile setting: given back afterwards
-    with ray_session(res, address), precision.kept(), compiled.kept():
-        check_resumable(run_dir)  # on the driver: a refusal is one line, not an actor's traceback
-        engine = start_engine(config, exp, run_dir)
-        server, actors = engine.server, engine.actors
-        try:
-            run_dir.write_actors(ray.get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
-            start = RunStart(ray.get(server.completed_rounds.remote()), config.rounds, actors)
-            # Only now: a resume whose checkpoint cannot be read leaves the run's config as it was.
-            run_dir.write_config(dump_config(config))
+    with precision.kept(), compiled.kept(), running_engine(config, exp, run_dir, address) as engine:
+        server, actors, get = engine.server, engine.actors, engine.store.get
+        run_dir.write_actors(get([a.info.remote() for a in actors]), exp.spec.heterogeneous)
+        start = RunStart(get(server.completed_rounds.remote()), config.rounds, actors)
+        # Only now: a resume whose checkpoint cannot be read leaves the run's config as it was.
+        run_dir.write_config(dump_config(config))
+        for callback in callbacks:
+            callback.on_run_start(start)
+        for round_index in range(start.completed_rounds + 1, config.rounds + 1):
+            result = get(server.run_round.remote(round_index))
             for callback in callbacks:
-                callback.on_run_start(start)
-            for round_index in range(start.completed_rounds + 1, config.rounds + 1):
-                result = ray.get(server.run_round.remote(round_index))
-                for callback in callbacks:
-                    callback.on_round_end(result)
-            summary = ray.get(server.finish.remote())
-            for callback in callbacks:
-                callback.on_run_end(summary)
-            return summary
-        finally:
-            engine.stop()
+                callback.on_round_end(result)
+        summary = get(server.finish.remote())
+        for callback in callbacks:
+            callback.on_run_end(summary)
+        return summary
 
 
 def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
     """One line for a run that failed outside raysim's own checks (a full disk, Ray itself), and
     whether the run was refused while starting (nothing ran); (None, False) for anything else."""
-    from ray.exceptions import RayError
-
     full = disk_full(exc)
     if full is not None:
         return (
             f"no space left on device ({full}): finished rounds are kept; free some space (or move the run "
             f"directory to a larger disk) and continue with 'raysim run --resume {run_dir}'"
         ), False
-    if not isinstance(exc, RayError):
+    if not is_ray_error(exc):
         return None, False
     raised = str(exc).rsplit("RaysimError: ", 1)
     if getattr(exc, "actor_init_failed", False) and len(raised) == 2:
@@ -276,7 +265,7 @@ def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
         # only the creation task's traceback as text, whose last RaysimError line is the message
         return raised[1].strip().splitlines()[0], True
     cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException) and not isinstance(cause, RayError):
+    if isinstance(cause, BaseException) and not is_ray_error(cause):
         # code in an actor raised: name its error (Ray's own first line only names the actor's
         # method) and keep the whole remote traceback beside the run
         log = Path(run_dir) / "error.log"
@@ -293,6 +282,12 @@ def failure_message(exc: Exception, run_dir) -> tuple[str | None, bool]:
         f"Ray failed during the run ({type(exc).__name__}: {first_line(exc)}); finished rounds are kept: "
         f"continue with 'raysim run --resume {run_dir}'"
     ), False
+
+
+def is_ray_error(exc: BaseException) -> bool:
+    """Whether Ray raised `exc` (without importing Ray: where it was never imported, it raised nothing)."""
+    exceptions = sys.modules.get("ray.exceptions")
+    return exceptions is not None and isinstance(exc, exceptions.RayError)
 
 
 def one_line_summary(summary: dict[str, Any], run_dir: Path) -> str:

@@ -110,7 +110,7 @@ def experiment_without_data():
 
 def one_client_runtime(config, state_dir: Path):
     """The experiment of `config` prepared in this process, and a client runtime holding its client 0."""
-    from raysim.engine.client_actor import ClientRuntime
+    from raysim.engine.client_runtime import ClientRuntime
     from raysim.runner import prepare
 
     exp = prepare(config)

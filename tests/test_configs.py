@@ -762,5 +762,3 @@ def test_the_resolved_config_is_frozen_and_its_algorithm_section_is_the_algorith
     assert type(config.algorithm.params) is algorithm_class("fedhydra").Params
     assert config.algorithm.kd_lr == config.algorithm.params.kd_lr  # its parameters read as attributes
     assert load_config(None, base=yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config  # dumps and reads back
-
-

@@ -31,6 +31,28 @@ def test_same_numbers_with_one_or_two_actors_or_in_process(run_tiny):
     assert yaml.safe_load((here / "actors.yaml").read_text())[0]["device"] == "cpu (in process)"
 
 
+def test_an_in_process_run_needs_no_ray(run_tiny, tmp_path):
+    """resources.in_process imports no Ray: with Ray made unimportable, the command runs a tiny
+    config to the same numbers as the in-process run of the test session."""
+    import subprocess
+    import sys
+
+    from tests.conftest import tiny_overrides
+
+    summary, _ = run_tiny(**{"resources.in_process": True})
+    out = tmp_path / "no_ray"
+    script = (
+        "import sys; sys.modules['ray'] = None\n"  # import ray now raises ImportError
+        "from raysim.cli import main\n"
+        f"sys.exit(main(['run', {str(ROOT / 'configs/quickstart.yaml')!r}, '--out', {str(out)!r}, "
+        f"*{tiny_overrides(**{'resources.in_process': True})!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    mine = json.loads((out / "summary.json").read_text())
+    assert mine["final_accuracy"] == summary["final_accuracy"] and mine["bytes_up"] == summary["bytes_up"]
+
+
 def test_outputs_and_accounting(run_tiny):
     summary, run_dir = run_tiny(**ACTORS, **{"output.tensorboard": True, "clients.per_round": 3})
     for name in (

@@ -109,9 +109,10 @@ def test_server_only_rounds_resume_after_sigkill_to_the_same_numbers(run_tiny, t
     assert json.loads((run_dir / "summary.json").read_text())["ensemble_accuracy"] > 0.1
 
 
-def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives(ray_session):
+def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives():
     from raysim.algorithm import Broadcast
     from raysim.engine.delivery import Delivery
+    from raysim.engine.store import LocalStore
     from raysim.errors import RaysimError
     from raysim.tensors import serialized_nbytes
 
@@ -119,7 +120,7 @@ def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives(ray_s
     mine = {k: {"data": np.zeros(50 * (k + 1), np.uint8)} for k in (0, 1, 2)}
     group = {"relay": np.zeros(300, np.uint8)}
     payload = Broadcast(shared=shared).to(0, mine[0]).to(1, mine[1]).to(2, mine[2]).to([1, 2], group)
-    delivery = Delivery(payload, [0, 1, 2], round_index=1)
+    delivery = Delivery(payload, [0, 1, 2], round_index=1, store=LocalStore())
     base = serialized_nbytes(shared)
     assert delivery.bytes_down == {
         0: base + serialized_nbytes(mine[0]),
@@ -129,9 +130,9 @@ def test_each_part_is_put_once_and_each_client_is_charged_what_it_receives(ray_s
     assert len(delivery.arguments(0)) == 2 and len(delivery.arguments(1)) == 3
     assert delivery.arguments(1)[2] == delivery.arguments(2)[2]  # the group part: one object for both
     with pytest.raises(RaysimError, match=r"addresses a part to client\(s\) \[7\]"):
-        Delivery(Broadcast(shared=shared).to(7, mine[0]), [0, 1], round_index=3)
+        Delivery(Broadcast(shared=shared).to(7, mine[0]), [0, 1], round_index=3, store=LocalStore())
     with pytest.raises(RaysimError, match=r"client 0 would receive key\(s\) \['weights'\] twice"):
-        Delivery(Broadcast(shared=shared).to(0, {"weights": 1}), [0, 1], round_index=3)
+        Delivery(Broadcast(shared=shared).to(0, {"weights": 1}), [0, 1], round_index=3, store=LocalStore())
 
 
 def test_addressed_parts_reach_only_their_clients_and_bytes_down_follows(run_tiny):

@@ -118,7 +118,8 @@ def test_only_the_run_dir_module_names_the_run_directorys_files():
 def test_the_server_is_built_from_a_handful_of_objects():
     import inspect
 
-    from raysim.engine.server import ServerActor, ServerRuntime
+    from raysim.engine.ray_actors import ServerActor
+    from raysim.engine.server import ServerRuntime
 
     for cls in (ServerRuntime, ServerActor.__ray_metadata__.modified_class):
         parameters = [p for p in inspect.signature(cls.__init__).parameters if not p.startswith("_")]

@@ -184,7 +184,7 @@ def test_a_sweep_refused_while_starting_can_be_started_again_on_the_same_out(tmp
 
 
 def test_auto_actors_follow_the_cluster(ray_session):
-    from raysim.engine.placement import plan_actors
+    from raysim.engine.ray_actors import plan_actors
 
     assert plan_actors(ResourcesConfig(actors=3), 10) == (3, None)
     count, line = plan_actors(ResourcesConfig(actors=None, cpus_per_actor=1), 10)

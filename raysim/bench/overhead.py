@@ -202,7 +202,7 @@ def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], 
 
     import torch
 
-    from raysim.engine.client_actor import to_model_input
+    from raysim.engine.client_runtime import to_model_input
     from raysim.engine.placement import assign_clients
     from raysim.tensors import load_weights, module_weights, weighted_average
     from raysim.training import evaluate

@@ -1,4 +1,4 @@
-"""Starting or attaching to Ray (how many actors it hosts, and where: raysim.engine.placement)."""
+"""Starting or attaching to Ray (how many actors it hosts, and where: raysim.engine.ray_actors)."""
 
 from __future__ import annotations
 

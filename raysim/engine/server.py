@@ -26,14 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 
 from raysim.algorithm import Context, ModelSpec, Reply, ServerLog
 from raysim.config import Config
-from raysim.engine.client_actor import to_model_input
+from raysim.engine.client_runtime import to_model_input
 from raysim.engine.delivery import Delivery
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
+from raysim.engine.store import object_store
 from raysim.errors import RaysimError
 from raysim.macs import counting
 from raysim.outputs.callbacks import (
@@ -102,6 +102,7 @@ class ServerRuntime:
         self.algorithm = make_algorithm(config)
         self.actors = actors
         self.client_actor = client_actor
+        self.store = object_store(config.resources.in_process)
         self.incarnations: dict[int, str] = {}  # actor index -> the process its last result came from
         federated = config.eval.selection == "federated"
         self.validators = (
@@ -188,7 +189,9 @@ class ServerRuntime:
         bytes_down: dict[int, int] = {}
         t1 = t0
         if sampled:
-            delivery = Delivery(self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index)
+            delivery = Delivery(
+                self.algorithm.broadcast(self.state, round_index, sampled), sampled, round_index, self.store
+            )
             bytes_down = delivery.bytes_down
             t1 = time.perf_counter()
             fetch, restarts = self._run_clients(round_index, sampled, delivery, results)
@@ -276,7 +279,7 @@ class ServerRuntime:
         def take(chunk_ref) -> None:
             nonlocal fetch, restarts
             t = time.perf_counter()
-            for result in ray.get(chunk_ref):
+            for result in self.store.get(chunk_ref):
                 results[result["client"]] = result
                 actor, incarnation = self.client_actor[result["client"]], result.pop("incarnation")
                 restarts += self.incarnations.setdefault(actor, incarnation) != incarnation
@@ -297,7 +300,7 @@ class ServerRuntime:
             for actor, clients, parts in calls
         ]
         while live:  # consume chunks as they finish, whichever actor they come from
-            ready, _ = ray.wait(live, num_returns=1)
+            ready, _ = self.store.wait(live, num_returns=1)
             for stream in ready:
                 try:
                     take(next(stream))
@@ -320,11 +323,11 @@ class ServerRuntime:
         the bytes each way, and how many of those actors were found restarted (a task lost with its
         actor is retried by Ray: validation changes no state, so a retry gives the same counts)."""
         weights = self.algorithm.global_weights(self.state)
-        ref, size = ray.put(weights), serialized_nbytes(weights)
+        ref, size = self.store.put(weights), serialized_nbytes(weights)
         by_actor: dict[int, list[int]] = {}
         for k in self.validators:
             by_actor.setdefault(self.client_actor[k], []).append(k)
-        answers = ray.get([self.actors[a].validate.remote(ref, clients) for a, clients in by_actor.items()])
+        answers = self.store.get([self.actors[a].validate.remote(ref, clients) for a, clients in by_actor.items()])
         del ref
         restarts = 0
         replies = []
@@ -398,18 +401,3 @@ class ServerRuntime:
 
     def completed_rounds(self) -> int:
         return self.completed
-
-
-@ray.remote
-class ServerActor:
-    def __init__(self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict):
-        self.runtime = ServerRuntime(config, inputs, run_dir, actors, client_actor)
-
-    def completed_rounds(self) -> int:
-        return self.runtime.completed_rounds()
-
-    def run_round(self, round_index: int) -> RoundResult:
-        return self.runtime.run_round(round_index)
-
-    def finish(self) -> dict[str, Any]:
-        return self.runtime.finish()

@@ -1,4 +1,7 @@
-"""A client actor hosts a fixed shard of virtual clients and keeps their data for the whole run.
+"""The clients of one actor (or, with resources.in_process, of the run): their data, their
+persistent state and the algorithm's client step. Ray-free: the actor that hosts it on Ray is
+raysim.engine.ray_actors.ClientActor, and payloads come through the run's object store
+(raysim.engine.store).
 
 With eval.selection=federated each client also keeps a held-out share of its data (never trained on)
 and, at the server's candidate rounds, scores the global model on it (`validate`): counts only, in eval
@@ -13,13 +16,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import ray
 import torch
 
 from raysim.algorithm import ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
+from raysim.engine.store import object_store
 from raysim.macs import counting
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
@@ -75,18 +78,19 @@ class ClientRuntime:
             for client, idx in (validation_indices or {}).items()
         }
         self.states = ClientStateStore(state_dir)
+        self.store = object_store(config.resources.in_process)
         # Tells this process from the one Ray starts after a crash: the server counts restarts by it.
         self.incarnation = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
     def info(self) -> dict[str, Any]:
-        """Where these clients live, for the run directory's actors.yaml."""
-        context = ray.get_runtime_context()
+        """Where these clients live, for the run directory's actors.yaml (on Ray, the actor adds its
+        node and GPU ids)."""
         where = " (in process)" if self.config.resources.in_process else ""
         return {
-            "node_id": context.get_node_id(),
+            "node_id": None,
             "pid": os.getpid(),
             "device": f"{self.device}{where}",
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "gpu_ids": [],
             "clients": sorted(self.data),
             "models": {k: self.ctx.spec.client_architecture(k).describe() for k in sorted(self.data)},
             "threads": torch.get_num_threads(),
@@ -158,7 +162,7 @@ class ClientRuntime:
         parts addressed to each client."""
         chunk, size = [], 0
         for client in clients:
-            mine = ray.get(parts[client]) if client in parts else []
+            mine = self.store.get(parts[client]) if client in parts else []
             result = self.run_client(round_index, client, payload, *mine)
             chunk.append(result)
             size += result["bytes_up"]
@@ -167,38 +171,3 @@ class ClientRuntime:
                 chunk, size = [], 0
         if chunk:
             yield chunk
-
-
-@ray.remote(num_cpus=0)
-class ShardDepot:
-    """The references to the training set and to each client actor's client indices, held for the
-    whole run. Client actors look it up by name and read their shard from it, on start and again on
-    a restart. Handing them the references, or this actor's handle, as constructor arguments instead
-    makes Ray warn on every run that a restart might fail (ray-project/ray#53727)."""
-
-    def __init__(self, shards: list[list]):
-        self.shards = shards  # references nested in lists: kept as references, not resolved
-
-    def shard(self, actor_index: int) -> list:
-        return self.shards[actor_index]
-
-
-@ray.remote
-class ClientActor:
-    def __init__(self, config, spec, depot_name: str, actor_index: int, *args, **kwargs):
-        refs = ray.get(ray.get_actor(depot_name).shard.remote(actor_index))
-        train_x, train_y, client_indices, held_out = ray.get(refs)
-        self.runtime = ClientRuntime(
-            config, spec, train_x, train_y, client_indices, *args, validation_indices=held_out, **kwargs
-        )
-
-    def info(self) -> dict[str, Any]:
-        return self.runtime.info()
-
-    def validate(self, weights: dict[str, np.ndarray], clients: list[int]) -> dict[str, Any]:
-        return self.runtime.validate(weights, clients)
-
-    def run_clients(
-        self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict, chunk_bytes: int
-    ) -> Iterator[list[dict[str, Any]]]:
-        yield from self.runtime.run_clients(round_index, clients, payload, parts, chunk_bytes)
