@@ -20,6 +20,7 @@ import torch
 
 from raysim.config import Config, ModelConfig, client_architectures
 from raysim.config.parse import Bound
+from raysim.data.home import check_extra_dataset
 from raysim.errors import RaysimError
 from raysim.models import build_model
 from raysim.seeding import MODEL_INIT, derive_seed
@@ -289,7 +290,6 @@ class Algorithm:
     def check_inputs(cls, config: Config) -> None:
         """The datasets a run reads besides its own are there, before Ray starts (config checks
         cannot: a config is valid on a machine without the data)."""
-        from raysim.data.home import check_extra_dataset
 
         for name, folder, keys in cls.extra_datasets(config):
             check_extra_dataset(name, folder, keys)

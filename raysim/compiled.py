@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
+import torch._functorch.config
 
 _on = False
 
@@ -36,7 +37,6 @@ def set_compile(on: bool) -> None:
     if _on:
         # FedAF logs its terms' gradient ratio with two backward passes through one graph
         # (retain_graph), which a compiled backward that reuses ("donates") its buffers refuses
-        import torch._functorch.config
 
         torch._functorch.config.donated_buffer = False
         # a model's graphs: grad mode x train/eval x which inputs need gradients; past the limit

@@ -1,3 +1,5 @@
+import errno
+
 """The one exception type that reaches the user as a single line (exit code 2)."""
 
 
@@ -31,7 +33,6 @@ def first_line(exc: BaseException) -> str:
 
 def disk_full(exc: BaseException) -> str | None:
     """The file a full disk refused, if that is why `exc` (or what an actor raised under it) happened."""
-    import errno
 
     seen = set()
     while exc is not None and id(exc) not in seen:

@@ -26,6 +26,7 @@ need the contract above (``embed`` and ``classifier``).
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -220,7 +221,7 @@ class ResNet18(_Backbone):
     BasicBlocks (64/128/256/512, stride 1/2/2/2), adaptive average pool, linear 512 -> C."""
 
     def __init__(self, in_channels: int, num_classes: int, image_size: int, width_multiplier: float = 1.0):
-        # Imported here: torchvision.models pulls in torch._dynamo (about 3-4 s of CPU). Processes
+        # lazy: torchvision.models pulls in torch._dynamo (about 3-4 s of CPU). Processes
         # that train pay it anyway at their first optimizer; the CLI, bad-input errors and a
         # server that only evaluates do not have to.
         from torchvision.models.resnet import BasicBlock
@@ -410,7 +411,6 @@ def _strided_pointwise_convs_contiguous(model: nn.Module) -> nn.Module:
 
 def _check_factory_signature(factory: Any, path: str) -> None:
     """The factory must accept the three keyword arguments raysim passes, checked before it is called."""
-    import inspect
 
     expected = "def factory(in_channels, num_classes, image_size) returning a torch.nn.Module"
     if not callable(factory):

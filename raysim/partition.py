@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.seeding import VALIDATION, numpy_rng
 from raysim.text_table import text_table
 
 PARTITION_KINDS = ("iid", "dirichlet", "dirichlet_balanced", "classes", "quantity", "domain")
@@ -174,7 +175,6 @@ def hold_out(parts: list[np.ndarray], fraction: float, seed: int) -> tuple[list[
     at most n - 1 (a client keeps at least one to train on), drawn by a generator seeded by (seed,
     client) alone, so the split depends on neither the number of actors nor the other clients. Both
     parts stay sorted (eval.selection=federated: the held-out share is the client's validation set)."""
-    from raysim.seeding import VALIDATION, numpy_rng
 
     train, held = [], []
     for client, idx in enumerate(parts):
@@ -192,7 +192,6 @@ def validating_clients(num_clients: int, count: int, seed: int) -> list[int]:
     seeded by the run's seed alone, the same at every candidate round."""
     if count <= 0 or count >= num_clients:
         return list(range(num_clients))
-    from raysim.seeding import VALIDATION, numpy_rng
 
     chosen = numpy_rng(seed, VALIDATION, "select_clients").choice(num_clients, size=count, replace=False)
     return sorted(int(k) for k in chosen)

@@ -1,18 +1,47 @@
 """Pictures of a partition, like the papers' partition figures, and of a clients x classes matrix.
 
-Uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot,
-so it works headless, keeps no global figure registry and is safe in Ray
-workers.
+Uses ``matplotlib.figure.Figure`` with the Agg canvas directly, never pyplot, so it works headless,
+keeps no global figure registry and is safe in Ray workers. matplotlib is imported on the first
+figure (`new_figure`, `mpl`), not with this module: it takes over a second to import, and a run or
+a report that draws nothing never loads it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def mpl() -> ModuleType:
+    """matplotlib, with the submodules raysim draws with loaded (colormaps, figure, text, ticker, the
+    Agg backend): imported here, on first use, for the reason in the module docstring."""
+    # lazy: matplotlib takes over a second to import, and only a figure needs it
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure
+    import matplotlib.text
+    import matplotlib.ticker
+
+    return matplotlib
+
+
+def new_figure(**kwargs: Any) -> Figure:
+    """A matplotlib Figure (its keyword arguments) on the Agg canvas."""
+    matplotlib = mpl()
+    fig = matplotlib.figure.Figure(**kwargs)
+    matplotlib.backends.backend_agg.FigureCanvasAgg(fig)
+    return fig
+
+
+def integer_ticks(**kwargs: Any) -> Any:
+    """A tick locator at integers (matplotlib's MaxNLocator with integer=True and `kwargs`)."""
+    return mpl().ticker.MaxNLocator(integer=True, **kwargs)
+
 
 # Above this many classes the y axis shows numbers instead of class names.
 _MAX_NAMED_CLASSES = 40
@@ -35,8 +64,7 @@ def partition_figure(counts: np.ndarray, class_names: list[str] | None = None, t
 
     width = float(np.clip(2.0 + 0.3 * k, 6.0, 20.0))
     height = float(np.clip(1.5 + 0.35 * c, 3.5, 14.0))
-    fig = Figure(figsize=(width, height), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(width, height), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
 
     peak = int(counts.max()) if counts.size else 0
@@ -51,12 +79,12 @@ def partition_figure(counts: np.ndarray, class_names: list[str] | None = None, t
 
     ax.set_xlim(-0.6, k - 0.4)
     ax.set_ylim(-0.6, c - 0.4)
-    ax.xaxis.set_major_locator(MaxNLocator(nbins=min(k, 25), integer=True))
+    ax.xaxis.set_major_locator(integer_ticks(nbins=min(k, 25)))
     if class_names is not None and c <= _MAX_NAMED_CLASSES:
         ax.set_yticks(range(c))
         ax.set_yticklabels([str(n) for n in class_names])
     else:
-        ax.yaxis.set_major_locator(MaxNLocator(nbins=min(max(c, 1), 20), integer=True))
+        ax.yaxis.set_major_locator(integer_ticks(nbins=min(max(c, 1), 20)))
     ax.set_xlabel(f"client (largest bubble = {peak} samples)")
     ax.set_ylabel("class")
     ax.grid(True, linestyle=":", linewidth=0.5, alpha=0.5)
@@ -73,8 +101,9 @@ def matrix_figure(matrix: np.ndarray, title: str, xlabel: str, ylabel: str) -> F
     (FedHydra's stratification U_c, like the paper's Figure 5b)."""
     matrix = np.asarray(matrix, dtype=float)
     rows, cols = matrix.shape
-    fig = Figure(figsize=(float(np.clip(1.5 + 0.6 * cols, 5, 16)), float(np.clip(1.2 + 0.4 * rows, 3, 16))), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(
+        figsize=(float(np.clip(1.5 + 0.6 * cols, 5, 16)), float(np.clip(1.2 + 0.4 * rows, 3, 16))), dpi=100
+    )
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(matrix, cmap="viridis", aspect="auto")
     fig.colorbar(image, ax=ax)
@@ -120,8 +149,7 @@ def curves_figure(
     one seed, a shaded band from the seeds' minimum to their maximum. One legend for all panels.
     """
     n = len(experiments)
-    fig = Figure(figsize=(15.0, 4.3 + 0.25 * ((n + 1) // 2)), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(15.0, 4.3 + 0.25 * ((n + 1) // 2)), dpi=100, layout="constrained")
     axes = fig.subplots(1, len(CURVE_PANELS))
     handles = []
     for i, (label, runs) in enumerate(experiments.items()):
@@ -156,7 +184,7 @@ def curves_figure(
     for ax, (_, ylabel) in zip(axes, CURVE_PANELS):
         ax.set_xlabel("round")
         ax.set_ylabel(ylabel)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(integer_ticks())
         ax.grid(True, linestyle=":", linewidth=0.5, alpha=0.6)
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2), frameon=False)

@@ -21,6 +21,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
+from raysim.algorithm import Algorithm
 from raysim.config.parse import build_dataclass
 from raysim.config.schema import DEFAULT_ALGORITHM, AlgorithmSection
 from raysim.errors import RaysimError
@@ -77,7 +78,6 @@ def builtin_names() -> list[str]:
 
 
 def algorithm_class(name: str) -> type:
-    from raysim.algorithm import Algorithm
 
     if ":" in name:
         cls = load_object(name, "algorithm.name", "algorithm class")

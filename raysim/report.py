@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from raysim.errors import RaysimError
+from raysim.plots import curves_figure, save_figure
 from raysim.results import RunRecord, read_curves, read_run, rounds_to, stat
 from raysim.text_table import text_table
 
@@ -244,7 +245,6 @@ def check_plot_file(path: Path) -> None:
 
 def report_figure(run_dirs: list[str]):
     """The curves of `report`'s experiments (seeds folded as in its table): raysim.plots.curves_figure."""
-    from raysim.plots import curves_figure
 
     runs = read_runs(run_dirs)
     curves = {run_dir: read_curves(run_dir) for run_dir, _, _ in runs}  # every run checked before drawing
@@ -256,7 +256,6 @@ def report_figure(run_dirs: list[str]):
 
 def plot_report(run_dirs: list[str], path: str | Path) -> Path:
     """Write report_figure(run_dirs) to `path` (.png, .pdf or .svg)."""
-    from raysim.plots import save_figure
 
     path = check_plot_path(path)
     figure = report_figure(run_dirs)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from raysim import compiled, precision
 from raysim.algorithm import ModelSpec
@@ -22,11 +23,13 @@ from raysim.data.identity import DataIdentity, array_digest, identity_of
 from raysim.engine.start import running_engine
 from raysim.errors import RaysimError, disk_full, first_line
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
+from raysim.outputs.received import WRITTEN_BY_A_RUN, check_fresh_out
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import lock_run_dir, owning, unlock_run_dir
 from raysim.outputs.safe_write import write_text
 from raysim.partition import class_counts, hold_out, partition, validating_clients
 from raysim.registry import algorithm_class
+from raysim.results import at_round, first_nonfinite_round, read_curves
 from raysim.resume import check_resumable, record_data
 from raysim.seeding import PARTITION, VALIDATION, numpy_rng
 
@@ -147,7 +150,6 @@ def new_run_dir(config: Config, out: str | None) -> RunDir:
     """The run's folder, created and locked: --out, or a new one under output.dir named after the run.
     A folder holding what a run writes is refused before anything is created in it
     (raysim.outputs.received.check_fresh_out)."""
-    from raysim.outputs.received import check_fresh_out
 
     if out:
         path = Path(out)
@@ -182,7 +184,6 @@ def discard_unstarted_run(run_dir: RunDir) -> None:
     """Remove what this process added to a fresh run directory in which no round ran (its config,
     data record and lock; the folder if it made it), so that the same --out works again and a folder
     that was there is left as it was."""
-    from raysim.outputs.received import WRITTEN_BY_A_RUN
 
     before = _fresh.pop(run_dir.path.resolve(), None)
     if before is None or any(os.path.lexists(run_dir.path / name) for name in WRITTEN_BY_A_RUN):
@@ -332,7 +333,6 @@ class ProgressBar(Callback):
         self.name, self.run_dir, self.bar, self.moved, self.diverged = name, run_dir, None, 0.0, False
 
     def on_run_start(self, start: RunStart) -> None:
-        from tqdm import tqdm
 
         if start.completed_rounds and self.run_dir is not None:
             self._carry_on(start.completed_rounds)
@@ -372,7 +372,6 @@ class ProgressBar(Callback):
     def _carry_on(self, completed: int) -> None:
         """The bytes moved and the divergence of a resumed run's finished rounds, from its metrics
         (rows past the checkpoint's round were written by a round that runs again: not counted)."""
-        from raysim.results import at_round, first_nonfinite_round, read_curves
 
         curves = read_curves(self.run_dir)
         self.moved = (at_round(curves["mb_moved"], completed) or 0.0) * 1e6

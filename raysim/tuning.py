@@ -24,13 +24,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
 import yaml
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raysim.config import ResourcesConfig, dump_config
+from raysim.engine.ray_session import ray_session
 from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
 from raysim.outputs.run_dir import RunDir
-from raysim.outputs.safe_write import real_folder, refuse_link, write_text
+from raysim.outputs.safe_write import atomic_write, real_folder, refuse_link, write_text
+from raysim.runner import run_experiment
 from raysim.sweep import Sweep, load_sweep
 from raysim.text_table import text_table
 from raysim.tune_state import KeepSigned, verify
@@ -54,7 +62,6 @@ def trial_bundles(resources: ResourcesConfig) -> list[dict[str, float]]:
 
 
 def _param_space(sweep: Sweep) -> dict[str, Any]:
-    from ray import tune
 
     forms = {
         "grid": tune.grid_search,
@@ -67,14 +74,12 @@ def _param_space(sweep: Sweep) -> dict[str, Any]:
 
 def _trial(params: dict[str, Any], sweep: Sweep, sweep_dir: Path) -> None:
     """One simulation; continues its own run directory when Tune restarts it after an interruption."""
-    from raysim.runner import run_experiment
 
     config = sweep.trial_config(params)
     if config.resources.server_threads is None:
         # Trials share nodes: the server gets its trial's share of cores, not every core.
         threads = max(1, math.floor(config.resources.actors * config.resources.cpus_per_actor))
         config = dataclasses.replace(config, resources=dataclasses.replace(config.resources, server_threads=threads))
-    from ray import tune
 
     run_dir = RunDir(sweep_dir / RUNS_DIR / tune.get_context().get_trial_id())
     real_folder(run_dir.path, below=sweep_dir)  # runs/ and the trial's folder: no planted link (RunDir.refuse_links)
@@ -90,7 +95,6 @@ class TuneReport(Callback):
         self.last = earlier.get("final_accuracy")
 
     def on_round_end(self, result: RoundResult) -> None:
-        from ray import tune
 
         if "accuracy" in result.values:
             self.last = result.values["accuracy"]
@@ -110,9 +114,6 @@ def _write_sweep(sweep: Sweep, sweep_dir: Path) -> None:
 
 
 def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     def trainable(params):
         _trial(params, sweep, sweep_dir)
@@ -156,7 +157,6 @@ def _tuner(sweep: Sweep, sweep_dir: Path, restore: bool):
 
 def plan_trial_actors(sweep: Sweep) -> None:
     """resources.actors=auto in a sweep: the cluster's CPUs shared by `concurrency` trials."""
-    import ray
 
     res = sweep.trial_config(sweep.example_params()).resources
     if res.actors is not None:
@@ -172,7 +172,6 @@ def plan_trial_actors(sweep: Sweep) -> None:
 
 def check_sweep_fits(sweep: Sweep) -> None:
     """One line, before any trial starts, when a single trial asks for more than the cluster has."""
-    import ray
 
     total = ray.cluster_resources()
     need: dict[str, float] = {}
@@ -237,10 +236,6 @@ def format_table(rows: list[dict[str, Any]], sweep: Sweep) -> str:
 
 
 def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> Path | None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from raysim.outputs.safe_write import atomic_write
 
     table = pa.Table.from_pylist(rows)
     atomic_write(sweep_dir / "trials.parquet", lambda tmp: pq.write_table(table, tmp))
@@ -258,7 +253,6 @@ def write_results(rows: list[dict[str, Any]], sweep: Sweep, sweep_dir: Path) -> 
 
 
 def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore: bool = False) -> list[dict]:
-    from raysim.engine.ray_session import ray_session
 
     sweep_dir = sweep_dir.resolve()
     real_folder(sweep_dir)

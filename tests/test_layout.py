@@ -150,3 +150,4 @@ def test_the_config_package_imports_nothing_of_raysim_above_it():
         if up:
             upward[name] = sorted(up)
     assert not upward, f"raysim.config imports upward: {upward}"
+

@@ -43,8 +43,9 @@ def no_ray(monkeypatch):
 
 
 def received_run(tmp_path: Path, address: str | None = STORED) -> Path:
-    """A run directory as received: its config names a Ray cluster, no round ran yet."""
-    extra = {"resources.in_process": True} | ({"resources.address": address} if address else {})
+    """A run directory as received: its config names a Ray cluster, no round ran yet; its clients run
+    in actors (an in-process run starts no Ray, so it asks for no cluster)."""
+    extra = {"resources.in_process": False} | ({"resources.address": address} if address else {})
     config = load_config(QUICKSTART, tiny_overrides(**extra))
     assert config.resources.address == address
     run_dir = tmp_path / "received"
@@ -111,7 +112,7 @@ def test_reproduce_of_a_received_table_directory_uses_the_tables_config_not_the_
     from raysim.reproduce.runs import PlannedRun, execute, run_state
 
     run_dir = received_run(tmp_path)
-    table_config = load_config(QUICKSTART, tiny_overrides(**{"resources.in_process": True}))
+    table_config = load_config(QUICKSTART, tiny_overrides(**{"resources.in_process": False}))
     run = PlannedRun("cell", "fedavg", 0, table_config, RunDir(run_dir))
     assert run_state(run) == "unfinished"  # the stored address does not make it another config
     with pytest.raises(RayAsked) as asked:

@@ -6,7 +6,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 
+from raysim.algorithms.condensed.dsa import DSA
+from raysim.algorithms.condensed.matching import dm_loss
+from raysim.models import build_model
+
+BENCH = "condense"  # `raysim bench condense` (found by raysim.bench.benches)
 DEFAULTS = {
     "classes": 10,
     "ipc": 10,
@@ -22,11 +28,6 @@ DEFAULTS = {
 
 def condense(opts: dict) -> None:
     """Distribution-matching steps per second: all classes in one forward pass vs a loop over classes."""
-    import torch
-
-    from raysim.algorithms.condensed.dsa import DSA
-    from raysim.algorithms.condensed.matching import dm_loss
-    from raysim.models import build_model
 
     o = {k: int(v) for k, v in opts.items()}
     torch.set_num_threads(o["threads"])

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from scipy.stats import spearmanr
 
 ZERO_VARIANCE = 1e-10  # centred norm below this fraction of the raw norm: a constant (degenerate) matrix
 
@@ -87,7 +88,6 @@ def cka_matrix(matrices: Sequence[torch.Tensor]) -> np.ndarray:
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     """Spearman's rank correlation of two equally long sequences (ties get average ranks); NaN when
     either side is constant (no ranking to compare)."""
-    from scipy.stats import spearmanr  # scipy is a dependency; imported here to keep startup light
 
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if len(a) < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:

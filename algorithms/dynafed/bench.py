@@ -17,8 +17,17 @@ import json
 import time
 from pathlib import Path
 
-from raysim.errors import RaysimError
+import torch
 
+from raysim.algorithms.dynafed.dynafed import augmentation, class_logits
+from raysim.algorithms.dynafed.trajectory import synthesize
+from raysim.config import ResourcesConfig
+from raysim.engine.devices import configure_torch
+from raysim.errors import RaysimError
+from raysim.models import build_model
+from raysim.tensors import module_weights
+
+BENCH = "trajectory"  # `raysim bench trajectory` (found by raysim.bench.benches)
 DEFAULTS = {
     # cifar100_convnet is asked for by name: at the whole set (1500 images), without recompute, it needs
     # about 86 GiB, which on a CPU is the machine's memory (a crash, not an error) and on most GPUs more
@@ -67,7 +76,6 @@ def _options(opts: dict) -> dict:
 
 
 def _device(choice: str):
-    import torch
 
     if choice == "cuda" and not torch.cuda.is_available():
         raise RaysimError("bench trajectory: device=cuda but torch sees no CUDA device: use device=auto or cpu")
@@ -75,9 +83,6 @@ def _device(choice: str):
 
 
 def _random_walk(model, steps: int) -> list[dict]:
-    import torch
-
-    from raysim.tensors import module_weights
 
     g = torch.Generator().manual_seed(0)
     weights = module_weights(model)
@@ -89,11 +94,6 @@ def _random_walk(model, steps: int) -> list[dict]:
 
 
 def _case(name: str, o: dict, device) -> dict:
-    import torch
-
-    from raysim.algorithms.dynafed.dynafed import augmentation, class_logits
-    from raysim.algorithms.dynafed.trajectory import synthesize
-    from raysim.models import build_model
 
     arch, channels, size, classes = CASES[name]
     torch.manual_seed(0)
@@ -150,10 +150,6 @@ def _case(name: str, o: dict, device) -> dict:
 
 
 def trajectory(opts: dict) -> dict[str, dict]:
-    import torch
-
-    from raysim.config import ResourcesConfig
-    from raysim.engine.devices import configure_torch
 
     o = _options(opts)
     device = _device(o["device"])

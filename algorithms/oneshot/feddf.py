@@ -51,6 +51,7 @@ from raysim.algorithms.oneshot.datafree import SynthesisResult, add_to_pool
 from raysim.algorithms.oneshot.generator import reset_generator
 from raysim.algorithms.oneshot.losses import distillation_loss
 from raysim.algorithms.oneshot.transfer import load_transfer_images, transfer_source
+from raysim.config import client_architectures
 from raysim.errors import RaysimError
 from raysim.seeding import SERVER, derive_seed, numpy_rng
 from raysim.tensors import weighted_average
@@ -92,7 +93,6 @@ class FedDF(DataFreeDistillation):
     @classmethod
     def check_config(cls, config, params) -> None:
         super().check_config(config, params)
-        from raysim.config import client_architectures
 
         if params.student_init == "average" and any(a != config.model for a in client_architectures(config)):
             raise RaysimError(

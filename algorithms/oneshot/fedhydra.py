@@ -94,6 +94,7 @@ from raysim.algorithms.oneshot.losses import KL_REDUCTIONS, adversarial_loss, di
 from raysim.algorithms.oneshot.stratify import rank_against_predictions, stratification_scores
 from raysim.bench.cell import bench_work, work_of
 from raysim.errors import RaysimError
+from raysim.plots import matrix_figure
 from raysim.seeding import SERVER, derive_seed
 
 AGGREGATIONS = ("label_weighted", "label_weighted_raw", "stratified_eq8", "mean")
@@ -185,7 +186,6 @@ class FedHydra(DataFreeDistillation):
         for name, value in readings.items():
             ctx.log.scalar(name, value)
         ranks = rank_against_predictions(u, self.test_logits(teachers, ctx).argmax(2), ctx.test_y)
-        from raysim.plots import matrix_figure
 
         ctx.log.figure(
             "stratification", matrix_figure(over_classes, "U_c (rows: clients, columns: classes)", "class", "client")

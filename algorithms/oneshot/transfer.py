@@ -17,7 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from raysim.data import load_dataset
 from raysim.data.home import check_extra_dataset, dataset_folder
+from raysim.data.loading import _normalise_name
 from raysim.errors import RaysimError
 
 TRANSFER_DATASETS = {
@@ -49,7 +51,6 @@ def to_shape(images: np.ndarray, size: int, channels: int) -> np.ndarray:
 def transfer_source(config, dataset: str, root: str, keys: str) -> tuple[str, str]:
     """(dataset name, folder) of the transfer set given as (`dataset`, `root`); `keys` names the
     config keys that set them, for the errors (e.g. "algorithm.distill_dataset/distill_root")."""
-    from raysim.data.loading import _normalise_name
 
     _normalise_name(config.dataset.name)  # an unknown dataset.name is said as such, not as a missing transfer set
     dataset_key, root_key = keys.split("/")
@@ -71,7 +72,6 @@ def load_transfer_images(
 ) -> np.ndarray:
     """The training images of dataset `name` at `root`, as (N, channels, size, size) uint8; `verify`
     (dataset.verify): refuse images that are not what the name promises."""
-    from raysim.data import load_dataset
 
     check_extra_dataset(name, root, keys)
     dataset_key, root_key = keys.split("/")

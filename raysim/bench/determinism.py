@@ -17,8 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from raysim.config.files import ROOT
+from raysim.engine.ray_session import ray_session
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
+from raysim.outputs.metrics import is_timing
 from raysim.outputs.run_dir import RunDir
+from raysim.runner import run_experiment
 
 DEFAULTS = {
     "algorithms": "fedavg,feddm,fedaf,dcfl,dynafed,dense,fedhydra",
@@ -106,8 +111,6 @@ SETTINGS: dict[str, dict[str, object]] = {
 
 
 def _config(name: str, actors: int, gpus: float, deterministic: bool):
-    from raysim.config.files import ROOT
-    from raysim.experiment import load_config
 
     overrides = {
         **SETTINGS[name],
@@ -122,7 +125,6 @@ def _config(name: str, actors: int, gpus: float, deterministic: bool):
 
 
 def _values(run_dir: Path) -> dict[tuple, float]:
-    from raysim.outputs.metrics import is_timing
 
     return {
         (r["round"], r["client"], r["metric"]): r["value"]
@@ -150,8 +152,6 @@ def compare(one: dict[tuple, float], two: dict[tuple, float]) -> dict[str, objec
 
 
 def determinism(opts: dict) -> dict[str, dict]:
-    from raysim.engine.ray_session import ray_session
-    from raysim.runner import run_experiment
 
     names = [n for n in opts["algorithms"].split(",") if n]
     unknown = sorted(set(names) - set(SETTINGS))

@@ -21,18 +21,28 @@ run (from /proc/PID/smaps_rollup, so sampling costs next to nothing).
 
 from __future__ import annotations
 
+import multiprocessing
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
+import torch
+import torch.nn.functional as F
 
 from raysim.config import Config
 from raysim.data.home import dataset_folder
+from raysim.engine.client_runtime import to_model_input
+from raysim.engine.placement import assign_clients
+from raysim.engine.ray_session import ray_session
 from raysim.experiment import config_from_dict
 from raysim.outputs.callbacks import Callback, RoundResult, RunStart
+from raysim.runner import prepare, run_experiment
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
+from raysim.tensors import load_weights, module_weights, weighted_average
+from raysim.training import evaluate
 
 DEFAULTS = {
     "clients": 100,
@@ -88,7 +98,6 @@ def _pss_bytes(pid: int) -> int:
 
 def _process_tree_pss() -> int:
     """PSS of this process and every process it started (Ray's workers, raylet, GCS, ...)."""
-    import psutil
 
     me = psutil.Process()
     return sum(_pss_bytes(p.pid) for p in [me, *me.children(recursive=True)])
@@ -151,8 +160,6 @@ class RoundTimer(Callback):
 
 def engine_rounds(config: Config, experiment) -> tuple[RoundTimer, float]:
     """The timings and peak memory (bytes) of a full engine run."""
-    from raysim.engine.placement import assign_clients
-    from raysim.runner import run_experiment
 
     timer = RoundTimer(
         config.resources.actors, assign_clients([len(p) for p in experiment.parts], config.resources.actors)
@@ -165,8 +172,6 @@ def engine_rounds(config: Config, experiment) -> tuple[RoundTimer, float]:
 def _plain_worker(connection, clients: dict, local: dict) -> None:
     """A worker process of the plain loop: one torch thread, its clients' tensors kept for the run.
     Each round: receive (round, weights, seed), train every client, send back their weights."""
-    import torch
-    import torch.nn.functional as F
 
     torch.set_num_threads(1)
     model = connection.recv()
@@ -198,14 +203,6 @@ def _plain_worker(connection, clients: dict, local: dict) -> None:
 def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], list[tuple[float, float]]]:
     """The same rounds without Ray: `actors` worker processes (pipes), the parent averaging and
     evaluating. Returns (seconds per round, accuracies, per_client_costs of each round)."""
-    import multiprocessing
-
-    import torch
-
-    from raysim.engine.client_runtime import to_model_input
-    from raysim.engine.placement import assign_clients
-    from raysim.tensors import load_weights, module_weights, weighted_average
-    from raysim.training import evaluate
 
     workers = int(config.resources.actors)
     owner = assign_clients([len(idx) for idx in experiment.parts], workers)
@@ -262,8 +259,6 @@ def plain_rounds(config: Config, experiment) -> tuple[list[float], list[float], 
 
 
 def overhead(opts: dict) -> None:
-    from raysim.engine.ray_session import ray_session
-    from raysim.runner import prepare
 
     config = _bench_config(opts)
     experiment = prepare(config)

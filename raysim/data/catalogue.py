@@ -37,8 +37,10 @@ class Entry:
 
 def _torchvision(rec: DatasetRecord) -> Entry:
     """The archives torchvision's class for the dataset downloads, unpacked into its layout."""
-    import torchvision.datasets as tv
+    # lazy: torchvision takes seconds to import, and only a download (raysim data get) needs this
+    import torchvision.datasets
 
+    tv = torchvision.datasets
     assert rec.torchvision is not None and rec.download is not None
     name, kind, sizes = rec.name, rec.torchvision.kind, rec.download.sizes
     cls = getattr(tv, rec.torchvision.cls)
@@ -62,8 +64,6 @@ def _torchvision(rec: DatasetRecord) -> Entry:
             for split, (url, file, md5) in cls.split_list.items()
             if split in ("train", "test")
         )
-    import torchvision
-
     return Entry(name, archives, f"torchvision {torchvision.__version__}, torchvision.datasets.{cls.__name__}")
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import psutil
 from PIL import Image
 
 from raysim.data.source import one_line
@@ -90,7 +91,6 @@ def decode_images(
 def check_memory(count: int, image_size: int, channels: int, what: str) -> None:
     """Refuse, before decoding, `count` images at image_size x image_size that cannot fit in the
     memory free now (the decoded images and the array they are gathered into: twice the array)."""
-    import psutil
 
     need = 2 * count * image_size * image_size * channels
     free = psutil.virtual_memory().available

@@ -16,6 +16,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tqdm import tqdm
+
 from raysim.errors import RaysimError
 
 CHUNK = 1 << 20
@@ -96,7 +98,6 @@ def _reason(exc: BaseException) -> str:
 
 def _download(url: str, part: Path, label: str, bar: bool, deadline: float | None = None) -> None:
     """Append the rest of `url` to `part` (or write it whole where the server does not resume)."""
-    from tqdm import tqdm
 
     def check_deadline() -> float:
         """Seconds left before the deadline (TIMEOUT_S without one); DeadlineReached past it."""

@@ -15,6 +15,7 @@ by zipfile's own path cleaning.
 from __future__ import annotations
 
 import errno
+import fcntl
 import gzip
 import json
 import os
@@ -112,7 +113,6 @@ def _remove_if_empty(folder: Path) -> None:
 @contextmanager
 def _locked(work: Path) -> Iterator[None]:
     """One `get` of a dataset at a time (two would append to the same downloads)."""
-    import fcntl
 
     fd = os.open(work / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

@@ -74,6 +74,7 @@ def _reason(exc: Exception) -> str:
 def read_torchvision_dataset(name: str, tv_root: Path, image_size: int | None) -> ArrayDataset:
     spec = SPECS[name]
     try:
+        # lazy: torchvision takes seconds to import, and only data in its layout need it
         import torchvision.datasets as tvd
 
         cls = getattr(tvd, spec.cls)

@@ -10,6 +10,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from raysim.compiled import set_compile
+from raysim.precision import set_precision
+
+try:
+    import resource
+except ImportError:  # Windows: no peak resident set
+    resource = None
+
 if TYPE_CHECKING:
     from raysim.config import ResourcesConfig
 
@@ -29,8 +37,6 @@ def configure_torch(cpus: float, device: torch.device, resources: ResourcesConfi
     From `resources`: on CUDA the kernels' determinism (`deterministic`) and whether convolutions run
     in TF32 (`tf32`, PyTorch's default); the hot loops' autocast dtype (`precision`, raysim.precision)
     and whether their models are compiled (`compile`, raysim.compiled), for this process."""
-    from raysim.compiled import set_compile
-    from raysim.precision import set_precision
 
     set_precision(resources.precision)
     set_compile(resources.compile)
@@ -59,9 +65,7 @@ def peak_memory_mb(device: torch.device) -> float | None:
     None where the platform does not say (no `resource` module)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource
-    except ImportError:  # Windows
+    if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # macOS: bytes; Linux: KiB

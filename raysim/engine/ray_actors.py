@@ -1,6 +1,6 @@
 """The engine's Ray side: the client and server actors, the depot that hands the clients their
 shards, and how many actors a cluster holds and where they go. Imported only by a run that starts
-actors (raysim.engine.start.running_engine), so that an in-process run needs no Ray installed.
+actors (through raysim.engine.ray_side), so that an in-process run needs no Ray installed.
 
 Each client actor holds a fixed shard of clients (raysim.engine.placement.assign_clients); the
 server and the depot live on the driver's node.
@@ -176,3 +176,8 @@ def start_on_ray(config: Config, exp: Any, run_dir: RunDir) -> Engine:
 def _kill(handles: list) -> None:
     for handle in handles:
         ray.kill(handle, no_restart=True)
+
+
+def cluster_totals() -> dict[str, float]:
+    """The attached Ray cluster's resources (CPU, GPU, ...)."""
+    return ray.cluster_resources()

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psutil
 import ray
 
 from raysim.config import ResourcesConfig
 from raysim.data.home import DATA_ENV, data_home
+from raysim.engine import reaper
+from raysim.engine.address import cluster_address
 from raysim.errors import RaysimError, disk_full, first_line
 
 
@@ -102,8 +106,6 @@ class _Held:
 def _stderr_held() -> Iterator[_Held]:
     """File descriptor 2 (where Ray's C++ core logs) goes to a temporary file for the block; what
     was written there is passed on to stderr afterwards if `passed_on` was set, else dropped."""
-    import sys
-    import tempfile
 
     held = _Held()
     try:
@@ -130,47 +132,9 @@ def _stderr_held() -> Iterator[_Held]:
                     text = text[os.write(2, text) :]
 
 
-def cluster_address(resources: ResourcesConfig, address: str | None = None) -> str | None:
-    """The Ray cluster a session attaches to: `address` (--address), else the config's
-    resources.address, else RAY_ADDRESS; None: a private local Ray.
-
-    The config's is the user's own only in a config they give: a resumed run's stored
-    resources.address is dropped before it gets here (raysim.resume.resume_config), so that a run
-    directory from someone else never chooses where its run executes."""
-    for value, source in ((address, "--address"), (resources.address, "resources.address")):
-        if value:
-            return check_address(value, source)
-    return check_address(os.environ.get("RAY_ADDRESS") or None, "RAY_ADDRESS")
-
-
-_HOST_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_-]*[A-Za-z0-9])?"
-# HOST:PORT (a cluster's GCS, e.g. 10.0.0.5:6379) or ray://HOST:PORT (Ray Client); HOST a name, an
-# IPv4 address or a bracketed IPv6 one
-_ADDRESS = re.compile(rf"(?:ray://)?(?:{_HOST_PART}(?:\.{_HOST_PART})*|\[[0-9A-Fa-f:.]+\]):(\d{{1,5}})")
-
-
-def check_address(address: str | None, source: str = "--address") -> str | None:
-    """`address` if it has the form of a Ray address ('auto', 'local', HOST:PORT or ray://HOST:PORT),
-    else one line naming where it came from (--address, resources.address, RAY_ADDRESS) - before
-    anything starts, not a traceback from ray.init."""
-    if address is None or address in ("auto", "local"):
-        return address
-    match = _ADDRESS.fullmatch(address) if isinstance(address, str) else None
-    if match is None or not 1 <= int(match.group(1)) <= 65535:
-        raise RaysimError(
-            f"{source} {address!r} is not a Ray cluster address: give HOST:PORT (the head node's, e.g. "
-            "10.0.0.5:6379), ray://HOST:PORT (Ray Client, e.g. ray://10.0.0.5:10001), 'auto' (the cluster "
-            "this machine belongs to) or 'local'"
-        )
-    return address
-
-
 def _watch_private_ray():
     """A watcher that stops this private Ray's processes should the driver die without shutting it
     down (raysim.engine.reaper); None where it cannot start (the run goes on without it)."""
-    import psutil
-
-    from raysim.engine import reaper
 
     try:
         return reaper.start({child.pid for child in psutil.Process().children(recursive=True)})

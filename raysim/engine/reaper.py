@@ -22,6 +22,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 STOP_GRACE_S = 2.0  # SIGTERM first; SIGKILL for what is left after this
 
 
@@ -50,7 +52,6 @@ def start(driver_children: set[int]) -> subprocess.Popen:
 
 def new_ray_descendants(driver: int, before: set[int], seen: dict[int, float]) -> None:
     """Add to `seen` (pid -> start time) the driver's descendants not in `before` that are Ray's."""
-    import psutil
 
     try:
         children = psutil.Process(driver).children(recursive=True)
@@ -69,7 +70,6 @@ def new_ray_descendants(driver: int, before: set[int], seen: dict[int, float]) -
 def session_processes(driver: int, since: float, seen: dict[int, float]) -> None:
     """Add to `seen` this user's Ray processes started since `since` that hold a file of the driver's
     Ray session open (its folder is named after the driver's pid)."""
-    import psutil
 
     session = re.compile(rf"/session_[0-9_-]+_{driver}/")
     for process in psutil.process_iter(["pid", "create_time"]):
@@ -85,7 +85,6 @@ def session_processes(driver: int, since: float, seen: dict[int, float]) -> None
 
 
 def stop_leftovers(processes: dict[int, float]) -> None:
-    import psutil
 
     alive = []
     for pid, created in processes.items():

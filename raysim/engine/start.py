@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from raysim.config import Config
+from raysim.engine import ray_side
 from raysim.engine.client_runtime import ClientRuntime
 from raysim.engine.in_process import InProcess
 from raysim.engine.placement import Engine, server_inputs
@@ -26,9 +27,7 @@ def running_engine(config: Config, exp: Any, run_dir: RunDir, address: str | Non
     if config.resources.in_process:
         yield _in_process(config, exp, run_dir)
         return
-    # Ray is imported only where actors run: an in-process run needs no Ray installed
-    from raysim.engine import ray_actors
-
+    ray_actors = ray_side()
     with ray_actors.ray_session(config.resources, address):
         engine = ray_actors.start_on_ray(config, exp, run_dir)
         try:

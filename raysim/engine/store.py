@@ -13,6 +13,8 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from raysim.engine import ray_side
+
 
 class LocalRef:
     """A value put in the in-process store (the counterpart of a ray.ObjectRef)."""
@@ -40,9 +42,4 @@ class LocalStore:
 
 def object_store(in_process: bool):
     """The run's store: LocalStore in process, else Ray's (raysim.engine.ray_store.RayStore)."""
-    if in_process:
-        return LocalStore()
-    # Ray is imported only where actors run: an in-process run needs no Ray installed
-    from raysim.engine.ray_store import RayStore
-
-    return RayStore()
+    return LocalStore() if in_process else ray_side().RayStore()

@@ -16,7 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from raysim.outputs.metrics import MetricsTable
 from raysim.outputs.run_dir import RunDir
+from raysim.outputs.tensorboard import TensorBoardLogger
 
 
 @dataclass
@@ -53,7 +55,6 @@ class MetricsFile(Callback):
     """metrics.parquet, rewritten after every round (see raysim.outputs.metrics)."""
 
     def __init__(self, path: Path, completed_rounds: int):
-        from raysim.outputs.metrics import MetricsTable
 
         self.table = MetricsTable(path, resume_through_round=completed_rounds)
 
@@ -78,7 +79,6 @@ class TensorBoardFile(Callback):
     """Scalars per round, the algorithm's images and figures, the partition picture once."""
 
     def __init__(self, directory: Path, completed_rounds: int, partition_figure: Callable[[], Any] | None = None):
-        from raysim.outputs.tensorboard import TensorBoardLogger
 
         self.logger = TensorBoardLogger(directory, purge_step=completed_rounds + 1)
         if completed_rounds == 0 and partition_figure is not None:

@@ -21,8 +21,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raysim.config import client_architectures
+from raysim.config.files import read_yaml
 from raysim.errors import RaysimError
+from raysim.experiment import load_config
 from raysim.outputs.run_dir import ACTORS, CLIENT_STATE, CONFIG, DATA, METRICS, SUMMARY, TENSORBOARD, RunDir
+from raysim.plugins import user_code_refused
 
 if TYPE_CHECKING:
     from raysim.config import Config
@@ -71,7 +75,6 @@ def refuse_code(config: Config, folder: Path, why: str, action: str) -> None:
     """One line if `config` names user code for its model or clients' models (the algorithm class is
     refused while the config is read, under raysim.plugins.user_code_refused), or if the working
     directory lies inside `folder` (Ray puts it on its workers' import path)."""
-    from raysim.config import client_architectures
 
     for key, name in [("model.name", config.model.name)] + [
         ("clients.models", m.name) for m in client_architectures(config)
@@ -113,9 +116,6 @@ def drop_received_keys(tree: dict[str, Any], overrides: list[str], where: Path, 
 def load_received_config(path: Path, run_dir: RunDir, overrides: list[str], allow_code: bool, out_given: bool):
     """The config of `raysim run CONFIG` where CONFIG lies in a run directory: its code refused unless
     `allow_code`, its output.dir and cluster keys dropped."""
-    from raysim.config.files import read_yaml
-    from raysim.experiment import load_config
-    from raysim.plugins import user_code_refused
 
     tree = read_yaml(path)
     drop_received_keys(tree, list(overrides), path, out_given)

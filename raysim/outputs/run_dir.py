@@ -30,8 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from raysim.data.identity import DataIdentity
 from raysim.errors import RaysimError
 from raysim.outputs.safe_write import atomic_write, refuse_link, write_json, write_text
+from raysim.outputs.state_files import checked_checkpoint, encode, load_state, save_state
 
 if TYPE_CHECKING:
     from raysim.data.identity import DataIdentity
@@ -148,7 +155,6 @@ class RunDir:
 
     def write_actors(self, actor_info: list[dict[str, Any]], per_client_models: bool) -> None:
         """actors.yaml: where each actor runs and which clients it hosts (with clients.models, their models)."""
-        import yaml
 
         entries = []
         for i, info in enumerate(actor_info):
@@ -161,15 +167,11 @@ class RunDir:
     def write_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """last.pt becomes previous.pt, then the new one becomes last.pt (both renames are atomic; a run
         killed between them has only previous.pt, which read_checkpoint then uses)."""
-        import torch
-
-        from raysim.outputs.state_files import encode
 
         encoded = encode(checkpoint)
         atomic_write(self.checkpoint_file, lambda p: torch.save(encoded, p), previous=self.previous_checkpoint_file)
 
     def write_final_model(self, weights: Any) -> None:
-        from raysim.outputs.state_files import save_state
 
         save_state(self.final_model_file, weights)
 
@@ -177,7 +179,6 @@ class RunDir:
     def read_checkpoint(self) -> dict[str, Any] | None:
         """The run's latest checkpoint ({round, state, wall_time_s, log_summary}), None if it has none;
         refused in one line (with the way back) if it cannot be read safely."""
-        from raysim.outputs.state_files import checked_checkpoint, load_state
 
         last, previous = self.checkpoint_file, self.previous_checkpoint_file
         if not last.exists():
@@ -203,7 +204,6 @@ class RunDir:
 
     def read_data(self) -> DataIdentity | None:
         """The data the run was started on (data.json), None for a run that records none."""
-        from raysim.data.identity import DataIdentity
 
         if not os.path.lexists(self.data_file):
             return None
@@ -228,7 +228,6 @@ class RunDir:
     def read_summary_and_config(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """summary.json and config.yaml of a finished or running run, each refused in one line if it
         is not what raysim writes (for reports over folders that may come from anywhere)."""
-        import yaml
 
         summary_path, config_path = self.summary_file, self.config_file
         if not summary_path.is_file() or not config_path.is_file():
@@ -255,8 +254,6 @@ class RunDir:
 
     def read_metrics_rows(self, columns: list[str] | None = None) -> list[dict[str, Any]]:
         """metrics.parquet's rows (refused in one line if missing or unreadable)."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         if not self.metrics_file.is_file():
             raise RaysimError(f"'{self}' has no {METRICS}: pass the folder of a run that has finished a round")
@@ -266,7 +263,6 @@ class RunDir:
             raise RaysimError(f"cannot read '{self.metrics_file}': {exc}") from None
 
     def read_actors(self) -> list[dict[str, Any]]:
-        import yaml
 
         return yaml.safe_load(self.actors_file.read_text())
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 
 class TensorBoardLogger:
     def __init__(self, directory: Path, purge_step: int | None = None):
+        # lazy: TensorBoard's writer (and the tensorboard package) only for a run that logs to it
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(directory), purge_step=purge_step)
@@ -25,7 +27,7 @@ class TensorBoardLogger:
 
     def image_grid(self, tag: str, images: np.ndarray, step: int, nrow: int | None = None) -> None:
         """Images (N, C, H, W) in [0, 1] as one grid picture (nrow per row: e.g. images per class)."""
-        import torch
+        # lazy: torchvision takes seconds to import, and only a run that logs pictures needs it
         from torchvision.utils import make_grid
 
         grid = make_grid(torch.as_tensor(np.asarray(images, dtype=np.float32)), nrow=nrow or 10, padding=1)

@@ -12,7 +12,10 @@ import sys
 from pathlib import Path
 
 from raysim.errors import RaysimError
+from raysim.outputs.safe_write import real_folder
+from raysim.reproduce.runs import execute, finished_only, plan_runs
 from raysim.reproduce.table_file import SCALES, Table, cell_name, list_tables, load_table
+from raysim.reproduce.table_output import check_out, write_outputs
 
 __all__ = [
     "Table",
@@ -109,8 +112,6 @@ def reproduce(
     Returns the files written and the runs that failed (with their one-line errors). `table_only`:
     run nothing, write the table from the finished runs (a table part-way, or one whose records
     were received; the data need not be here)."""
-    from raysim.reproduce.runs import execute, finished_only, plan_runs
-    from raysim.reproduce.table_output import check_out, write_outputs
 
     if scale not in SCALES:
         raise RaysimError(f"--scale {scale!r}: choose {' or '.join(SCALES)}")
@@ -134,8 +135,6 @@ def reproduce(
     if table_only:
         finished_only(runs, out)  # before real_folder: it creates --out, and there is nothing to put in it
     try:  # once every run's config is valid: a refused table leaves no folder behind
-        from raysim.outputs.safe_write import real_folder
-
         real_folder(out)  # a linked --out is refused before the runs, not when the table is written
     except OSError as exc:
         raise RaysimError(f"cannot create --out '{out}' ({exc.strerror}): choose another folder") from None

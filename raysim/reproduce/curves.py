@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
+from raysim.outputs.safe_write import atomic_write
+from raysim.plots import integer_ticks, mpl, new_figure
 from raysim.results import mb_moved, stat
 
 FIGURE_FILES = {"rounds": "curves.png", "mb": "curves_mb.png", "compute": "curves_compute.png", "pareto": "pareto.png"}
@@ -41,8 +40,7 @@ def method_styles(table) -> dict[str, dict[str, Any]]:
     10 methods tab10's colours with solid lines; beyond, tab20's colours, each ten methods in a line
     style of their own (solid, dashed, dotted, dash-dot), so that no two of the benchmark's methods
     look alike."""
-    from matplotlib import colormaps
-
+    colormaps = mpl().colormaps
     names = list(table.methods)
     if len(names) <= 10:
         return {name: {"color": colormaps["tab10"](i), "linestyle": "-"} for i, name in enumerate(names)}
@@ -57,8 +55,7 @@ def method_styles(table) -> dict[str, dict[str, Any]]:
 def write_curves(table, measured, cells: list[str], methods: list[str], path: Path, axis: str = "rounds") -> Path:
     columns = min(3, len(cells))
     rows = math.ceil(len(cells) / columns)
-    fig = Figure(figsize=(5 * columns, 3.6 * rows), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize=(5 * columns, 3.6 * rows), dpi=100)
     pareto_labels: dict[Any, tuple[list, list]] = {}  # axes: its points and their labels
     for i, cell in enumerate(cells):
         ax = fig.add_subplot(rows, columns, i + 1)
@@ -74,7 +71,6 @@ def write_curves(table, measured, cells: list[str], methods: list[str], path: Pa
             ax.legend(fontsize=7 if len(present) > 8 else 8, ncols=2 if len(present) > 8 else 1)
     fig.suptitle(textwrap.fill(table.title, 55 * columns), fontsize=11)  # wrapped to the figure's width
     _lay_out(fig, pareto_labels)
-    from raysim.outputs.safe_write import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format=path.suffix.lstrip(".")))  # never through a link
     return path
@@ -122,7 +118,7 @@ def _curves_panel(ax, table, measured, cell: str, methods: list[str], axis: str)
             ax.fill_between(x, low, high, alpha=0.2, color=line.get_color())
     ax.set_xlabel(X_LABELS["rounds" if curve is None else "mb" if curve == "mb_moved" else curve])
     if axis == "rounds":
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(integer_ticks())
 
 
 def _compute_curve(measured, cell: str, methods: list[str]) -> str:
@@ -245,11 +241,9 @@ def _label(ax, point: tuple[float, float], label: str, column: float, y: float, 
 def _words_box(text):
     """The pixels of an annotation's words, without the line to its point, and half a letter's
     width either side: two labels closer than that read as one ("FedProx SCAFFOLD")."""
-    from matplotlib.text import Text
-
     text.get_window_extent()  # places the annotation for the figure's renderer
     letter = text.get_fontsize() * text.figure.dpi / 72 / 2
-    return Text.get_window_extent(text).padded(letter / 2, 0)
+    return mpl().text.Text.get_window_extent(text).padded(letter / 2, 0)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:

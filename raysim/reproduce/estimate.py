@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+from torch import nn
+
 from raysim.reproduce.table_file import Table
 
 REFERENCE_SECONDS = 0.12  # calibrate() on the reference 2-core machine, idle (the least of 5), 2026-11-27
@@ -20,8 +23,6 @@ REFERENCE_CORES = 2
 
 def calibrate(steps: int = 20) -> float:
     """Seconds for `steps` training steps of a small CNN on one thread (the first step not counted)."""
-    import torch
-    from torch import nn
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

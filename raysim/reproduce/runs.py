@@ -8,18 +8,28 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from raysim.config import Config
+from raysim.config import Config, parse_override
 from raysim.data.home import dataset_folder, get_hint
+from raysim.engine import ray_side
 from raysim.errors import RaysimError, first_line, user_message
+from raysim.experiment import apply_overrides, config_from_dict
 from raysim.outputs.run_dir import RunDir
+from raysim.outputs.run_lock import unlock_run_dir
+from raysim.outputs.safe_write import real_folder
 from raysim.registry import algorithm_class
+from raysim.report import flatten
 from raysim.reproduce.table_file import Table
+from raysim.results import RunRecord
+from raysim.resume import check_data
+from raysim.run_format import config_as_made, made_at
+from raysim.runner import ProgressBar, failure_message, new_run_dir, read_data, run_experiment
 
 
 @dataclass
@@ -50,8 +60,6 @@ def plan_runs(
     `resources` are `resources.key=value` overrides: how the runs use the machine at hand (the
     table decides everything else, so they are the only keys that may change). `table_only`: the
     runs are read, not run, so neither their data nor their inputs (a transfer set) need be here."""
-    from raysim.config import parse_override
-    from raysim.experiment import apply_overrides, config_from_dict
 
     parsed = []
     for text in resources:
@@ -119,9 +127,6 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
         raise RaysimError(
             f"{run.run_dir.config_file} is not a config raysim wrote: remove that run's folder, or give another --out"
         )
-    from raysim.experiment import config_from_dict
-    from raysim.report import flatten
-    from raysim.run_format import config_as_made, made_at
 
     # Both read through today's schema, the stored one as made (raysim.run_format): a parameter added
     # since the run was made takes the value that run ran, so it makes the run another config only
@@ -143,9 +148,6 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
             f"{', ...' if len(differing) > 3 else ''}): remove that folder, or give another --out"
         )
     if data_here and run.run_dir.read_data() is not None:  # the data at hand are those it ran on (or one line)
-        from raysim.resume import check_data
-        from raysim.runner import read_data
-
         check_data(run.run_dir, read_data(run.config)[1], run.config.dataset.root)
     return "finished" if is_finished(run) else "unfinished"
 
@@ -158,14 +160,12 @@ def is_finished(run: PlannedRun) -> bool:
 
 def slots(runs: list[PlannedRun]) -> int:
     """How many runs fit on the Ray cluster at once (each with its config's actors and GPU shares)."""
-    import ray
-
-    total = ray.cluster_resources()
+    if any(run.config.resources.actors is None or run.config.resources.in_process for run in runs):
+        return 1  # auto takes what is there; in-process runs in this process
+    total = ray_side().cluster_totals()
     fits = []
     for run in runs:
         res = run.config.resources
-        if res.actors is None or res.in_process:  # auto takes what is there; in-process runs in this process
-            return 1
         cpus = res.actors * res.cpus_per_actor
         gpus = res.actors * res.gpus_per_actor + res.server_gpus
         fit = int(total.get("CPU", 0) // cpus) if cpus else len(runs)
@@ -238,8 +238,6 @@ def execute(
 ) -> list[tuple[PlannedRun, str]]:
     """Run what is not finished; returns the runs that failed, each with its one-line error (the
     others go on: a table is never lost to one run)."""
-    from raysim.engine.ray_session import ray_session
-
     states = {run.name: run_state(run) for run in runs}
     todo = [run for run in runs if states[run.name] != "finished"]
     skipped = len(runs) - len(todo)
@@ -248,7 +246,8 @@ def execute(
     if not todo:
         return []
     failures: list[tuple[PlannedRun, str]] = []
-    with ray_session(todo[0].config.resources, address):
+    in_process = all(run.config.resources.in_process for run in todo)  # no Ray then: none started
+    with nullcontext() if in_process else ray_side().ray_session(todo[0].config.resources, address):
         fit = slots(todo)
         width = min(parallel or fit, fit)
         if parallel and parallel > fit:
@@ -282,10 +281,6 @@ def _side_by_side(one: Callable[[PlannedRun], None], todo: list[PlannedRun], wid
 
 
 def _runner(states: dict[str, str], progress: TableProgress, failures: list, bar: bool) -> Callable[[PlannedRun], None]:
-    from raysim.outputs.run_lock import unlock_run_dir
-    from raysim.outputs.safe_write import real_folder
-    from raysim.results import RunRecord
-    from raysim.runner import ProgressBar, failure_message, new_run_dir, run_experiment
 
     def one(run: PlannedRun) -> None:
         t0 = time.perf_counter()

@@ -55,6 +55,8 @@ from raysim.config import Config, build_dataclass, read_yaml
 from raysim.config.files import ROOT as CONFIGS_ROOT
 from raysim.config.files import resolve
 from raysim.errors import RaysimError, need
+from raysim.experiment import apply_overrides, config_from_dict
+from raysim.registry import algorithm_class
 from raysim.reproduce.paper_orderings import PaperOrdering
 from raysim.reproduce.paper_orderings import check as check_paper_ordering
 
@@ -223,7 +225,6 @@ class Table:
 
     def config(self, cell: str, method: str, scale: str, seed: int, data_root: str | Path | None) -> Config:
         """The validated config of one run (see the module docstring)."""
-        from raysim.experiment import config_from_dict
 
         return config_from_dict(self.config_tree(cell, method, scale, seed, data_root))
 
@@ -236,7 +237,6 @@ class Table:
                 f"table {self.name}: cell {cell} has no {scale}-scale config "
                 f"(it has {', '.join(c.config)}): choose --scale {' or '.join(c.config)} or leave the cell out"
             )
-        from raysim.experiment import apply_overrides
 
         tree = read_yaml(resolve(c.method_config.get(method, {}).get(scale, c.config[scale])))
         if m.algorithm is not None:
@@ -253,7 +253,6 @@ class Table:
 
 def datasets_of_tables(tables: list[Table]) -> dict[str, list[str]]:
     """dataset -> the tables whose runs read it (their dataset, or a transfer set), at either scale."""
-    from raysim.registry import algorithm_class
 
     used: dict[str, list[str]] = {}
     for table in tables:

@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from raysim.errors import RaysimError
+from raysim.outputs.run_dir import BEYOND_RECORD
+from raysim.outputs.safe_write import write_text
 from raysim.reproduce import paper_orderings
+from raysim.reproduce.curves import FIGURE_FILES, write_curves
 from raysim.reproduce.runs import PlannedRun, is_finished
 from raysim.reproduce.table_file import METRICS, Table, load_table
 from raysim.results import RunRecord, Stat, cost_to, mb_moved, read_run, rounds_to, stat
@@ -312,7 +315,6 @@ GITIGNORE = ".gitignore"  # a table's folder committed keeps each run's record o
 def check_out(out: Path, table: Table) -> None:
     """Before any run: the files the table is written to (table.md, table.csv, its figures) can be
     written in --out, so that hours of runs never end in an error at the last step."""
-    from raysim.reproduce.curves import FIGURE_FILES
 
     for name in (*TABLE_FILES, GITIGNORE, *(FIGURE_FILES[axis] for axis in table.figures)):
         path = out / name
@@ -336,8 +338,6 @@ def write_outputs(
     finished runs; `command` (the one that writes them) heads table.md. DIR/.gitignore leaves each
     run's record to version control (what the command reads to write the table again without
     running), not its checkpoints and events."""
-    from raysim.outputs.run_dir import BEYOND_RECORD
-    from raysim.outputs.safe_write import write_text
 
     measured = collect(runs)
     rows = method_rows(table, measured, cells, methods)
@@ -352,8 +352,6 @@ def write_outputs(
     write_text(out / GITIGNORE, header + "".join(f"{name}\n" for name in BEYOND_RECORD))
     written = [out / name for name in TABLE_FILES]
     if any(m.seeds for m in measured.values()):
-        from raysim.reproduce.curves import FIGURE_FILES, write_curves
-
         for axis in table.figures:
             written.append(write_curves(table, measured, cells, methods, out / FIGURE_FILES[axis], axis))
     return written
