@@ -131,10 +131,12 @@ def test_table_only_refuses_a_cell_whose_runs_ran_on_different_data(smoke, tmp_p
 def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
     """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends
     it): the finished run stays, the same command skips it and resumes the interrupted one. One method
-    of the smoke table (its two seeds) is enough for the rule."""
+    of the smoke table (its two seeds) is enough for the rule; in process, as the smoke fixture (no
+    actors to start: the resume's rules are the engine's either way)."""
     out = tmp_path / "table"
+    command = ["smoke", "--methods", "fedavg", "--out", str(out), IN_PROCESS]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "reproduce", "smoke", "--methods", "fedavg", "--out", str(out)],
+        [sys.executable, "-m", "raysim.cli", "reproduce", *command],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -157,7 +159,7 @@ def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
         stderr = proc.stderr.read().decode()
         assert code == 130 and "interrupted: finished runs are kept" in stderr, stderr[-2000:]
     assert not second.read_summary().get("finished")
-    again = reproduce("smoke", "--methods", "fedavg", "--out", str(out))
+    again = reproduce(*command)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 2 runs finished already: skipped" in again.stderr
     assert "fmnist_dir0.5/fedavg/s1: resumed" in again.stderr
@@ -175,7 +177,7 @@ seeds: 1
 cells:
   a:
     config: {cpu: quickstart}
-    overrides: {rounds: 2, model: {name: mlp}, resources: {actors: 1, cpus_per_actor: 1}}
+    overrides: {rounds: 1, model: {name: mlp}, resources: {actors: 1, cpus_per_actor: 1}}
     paper: {fedavg: 80, fedprox: 81}
 methods:
   fedavg: {algorithm: {name: fedavg}}
