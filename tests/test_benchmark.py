@@ -313,6 +313,26 @@ def test_no_two_of_the_benchmarks_methods_look_alike_in_its_pictures():
     assert len(styles) == len(table.methods) == len(looks) > 20
 
 
+def test_a_pareto_panel_whose_methods_move_the_same_bytes_is_drawn_with_its_labels_in_it():
+    """Seven one-shot methods that move the same megabytes to a few bytes (the 5-client cell): the
+    axis spans a decade around them and the picture is written."""
+    import io
+
+    from raysim.plots import new_figure
+    from raysim.reproduce.curves import _labels_apart, _labels_of, _span_a_decade
+
+    fig = new_figure(figsize=(5, 3.6), dpi=100)
+    ax = fig.add_subplot(xscale="log")
+    points = [(21.32388 + 1e-5 * i, 25.0 + 5 * i) for i in range(7)]
+    ax.plot(*zip(*points), "o")
+    _span_a_decade(ax, points)
+    _labels_apart(ax, points, [f"method {i}" for i in range(7)])
+    low, high = ax.get_xlim()
+    assert low < 21.3 / 3 and high > 21.3 * 3
+    assert all(low < text.xyann[0] < high for text in _labels_of(ax))
+    fig.savefig(io.BytesIO(), format="png")
+
+
 def test_no_label_of_the_pareto_panel_covers_another():
     """Eight methods at FedAvg's bytes within 10 points of each other, and one at twice the bytes
     whose label would fall among theirs (SCAFFOLD beside FedAvg's column): no two labels' boxes

@@ -138,7 +138,7 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> tuple[l
     points, labels, styles = [], [], method_styles(table)
     for method in methods:
         m = measured[(cell, method)]
-        figure, moved = m.stat(table.metric), stat([mb_moved(r.summary) for r in m.records])
+        figure, moved = m.stat(table.metric_of(method)), stat([mb_moved(r.summary) for r in m.records])
         if figure.mean is None or moved.mean is None or moved.mean <= 0:
             continue
         colour = styles[method]["color"]
@@ -146,14 +146,33 @@ def _pareto_panel(ax, table, measured, cell: str, methods: list[str]) -> tuple[l
         points.append((moved.mean, figure.mean))
         labels.append(table.methods[method].label)
     ax.set_xscale("log")
+    _span_a_decade(ax, points)
     _labels_apart(ax, points, labels)
     front = pareto_front(points)
     if front:
         xs, ys = zip(*front)
         ax.step(xs, ys, where="post", color="black", alpha=0.6, label="front: no method moves less for more")
     ax.set_xlabel(X_LABELS["pareto"])
-    ax.set_ylabel(f"{table.metric.replace('_accuracy', '').replace('last5', 'last-5')} test accuracy (%)")
+    readings = dict.fromkeys(_reading(table.metric_of(method)) for method in methods)
+    ax.set_ylabel(f"{' or '.join(readings) or _reading(table.metric)} test accuracy (%)")
     return points, labels
+
+
+def _reading(metric: str) -> str:
+    """A summary reading as the axis names it: last5_accuracy -> last-5."""
+    return metric.replace("_accuracy", "").replace("last5", "last-5")
+
+
+def _span_a_decade(ax, points: list[tuple[float, float]]) -> None:
+    """A panel whose points lie within a factor 10 of bytes shows a decade around them. Otherwise
+    the axis spans only their spread (the one-shot methods of a cell can move the same bytes to
+    within a few bytes), and a label placed right of the points would lie millions of pixels out."""
+    if not points:
+        return
+    low, high = min(x for x, _ in points), max(x for x, _ in points)
+    if high < 10 * low:
+        middle = math.sqrt(low * high)
+        ax.set_xlim(middle / 4, middle * 4)
 
 
 def _labels_apart(ax, points: list[tuple[float, float]], labels: list[str]) -> None:
