@@ -1,5 +1,8 @@
 """Multiply-accumulates counted while models run (`eval.count_macs`), for the cost of a method's
-client and server work beside its seconds.
+client and server work beside its seconds: each client's step (`macs`, a client row of
+metrics.parquet), the server update (`macs_server`) and the server's evaluation on the test split
+(`macs_eval`), each counted inside its own `counting()` (raysim.engine). `raysim bench cell` divides
+them by the phases' seconds for the share of the machine's peak a run reaches.
 
 A process-wide forward hook (torch.nn.modules.module.register_module_forward_hook) adds, for
 every linear and convolution layer that runs inside `counting()`, its multiply-accumulates: a
@@ -93,6 +96,7 @@ def every_operation() -> Iterator[None]:
     if not _installed or _paused:
         yield
         return
+    # lazy: the dispatcher's counter pulls in torch's compiler stack (seconds), needed only here
     from torch.utils.flop_counter import FlopCounterMode
 
     mode = FlopCounterMode(display=False)

@@ -1,16 +1,20 @@
 """`raysim bench cell`: the work keys each family declares, the two bench runs' settings, the
-projection's arithmetic, the refusals, and (slow tier) the bench end to end on the embedded data."""
+projection's arithmetic, the refusals, the phases' GMAC/s against the machine's measured peak (a
+tiny run in process), and (slow tier) the bench end to end on the embedded data."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from raysim.bench.cell import WorkKey, phase_ratio, project, work_keys
+from raysim.bench.cell import WorkKey, phase_ratio, project, rate_rows, work_keys
+from raysim.bench.peak import Peak, measure_peak
 from raysim.errors import RaysimError
 from raysim.reproduce.named import load_named_config
 
@@ -92,6 +96,56 @@ def test_a_phase_whose_keys_scale_differently_says_so():
     ratio, differ = phase_ratio(keys, "clients")
     assert ratio == pytest.approx((2 + 9) / 2) and differ
     assert phase_ratio([WorkKey("local.epochs", "clients", 1, 1, 1)], "clients") == (None, False)
+
+
+def test_the_peak_is_a_positive_finite_rate_and_leaves_the_thread_count_as_it_was():
+    import torch
+
+    threads = torch.get_num_threads()
+    peak = measure_peak("cpu", 1)
+    assert torch.get_num_threads() == threads
+    assert (peak.device, peak.threads, peak.dtype) == ("cpu", 1, "float32")
+    for rate in (peak.big_gmacs, peak.small_gmacs):
+        assert math.isfinite(rate) and rate > 0.01  # GMAC/s: any CPU since 2000 does more
+    if not torch.cuda.is_available():
+        assert measure_peak("cuda", 1) is None  # a device this process cannot see is not measured
+
+
+def test_the_clients_rate_is_compared_with_the_peak_of_all_their_actors():
+    run = {"clients": 10.0, "server": 2.0, "eval": 0.0, "macs_clients": 40e9, "macs_server": None, "macs_eval": 0.0}
+    one_actor = Peak("cpu", 1, "float32", big_gmacs=20.0, small_gmacs=5.0)
+    server = Peak("cpu", 2, "float32", big_gmacs=30.0, small_gmacs=4.0)
+    peaks = {"clients": (one_actor, 2), "server": (server, 1), "eval": (server, 1)}
+    rows = {r["phase"]: r for r in rate_rows(run, peaks)}
+    assert rows["clients"]["gmacs_per_s"] == pytest.approx(4.0)  # 40 GMACs in 10 s of the phase's wall time
+    assert rows["clients"]["peak_gmacs_per_s"] == pytest.approx(40.0)  # 2 actors at once
+    assert rows["clients"]["share_of_peak_pct"] == pytest.approx(10.0)
+    assert rows["server"]["gmacs_per_s"] == 0.0  # nothing counted (FedAvg averages)
+    assert rows["eval"]["gmacs_per_s"] is None and rows["eval"]["share_of_peak_pct"] is None  # no seconds
+
+
+@pytest.mark.slow  # two whole (tiny) runs, in process (no Ray): seconds, but whole runs
+def test_bench_cell_reports_each_phases_rate_and_share_of_the_measured_peak(tmp_path, capsys):
+    """A tiny config in process (no Ray): the MACs the runs count (clients, server, evaluation) over
+    their seconds, beside the peak measured on this machine."""
+    from raysim.cli import main
+
+    out = tmp_path / "bench.json"
+    tiny = ["rounds=1", "clients.num=2", "clients.per_round=2", "model.name=mlp", "model.hidden=32"]
+    one_process = ["resources.in_process=true", "resources.actors=1", "resources.server_threads=1"]
+    work = ["local.epochs=2", "local.batch_size=500", "output.tensorboard=false"]
+    argv = ["bench", "cell", "quickstart", *tiny, *one_process, *work]
+    assert main([*argv, f"out={out}"]) == 0
+    printed = capsys.readouterr().out
+    for label in ("clients (their steps, in parallel)", "server update", "evaluation"):
+        row = [line for line in printed.splitlines() if line.startswith(label) and line.endswith(tuple("0123456789"))]
+        rate, share = re.search(r"([\d.]+)\s+[\d.]+\s+([\d.]+)%\s+[\d.]+$", row[-1]).groups()
+        assert float(rate) >= 0 and 0 <= float(share) <= 100, row[-1]
+    assert "clients, server update, evaluation: 1 thread on cpu in float32" in printed
+    rates = {r["phase"]: r for r in json.loads(out.read_text())["rates"]}
+    for phase in ("clients", "eval"):  # both ran layers: a rate and a share above 0
+        assert rates[phase]["gmacs"] > 0 and 0 < rates[phase]["share_of_peak_pct"] < 100
+    assert rates["server"]["gmacs"] == 0  # FedAvg's server only averages
 
 
 @pytest.mark.parametrize(

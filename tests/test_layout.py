@@ -151,3 +151,24 @@ def test_the_config_package_imports_nothing_of_raysim_above_it():
             upward[name] = sorted(up)
     assert not upward, f"raysim.config imports upward: {upward}"
 
+
+def test_imports_inside_functions_are_the_lazy_few_each_with_its_reason():
+    """Every import sits at the top of its module, except the few that load something slow or absent
+    only where it is needed (Ray, torchvision, matplotlib, TensorBoard): each of those names its reason
+    in a `# lazy:` comment on the line above it (or above the block of imports it starts)."""
+    found = {}
+    for name, path in module_files().items():
+        lines = path.read_text().splitlines()
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    target = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+                    above = [line.strip() for line in lines[: node.lineno - 1] if line.strip()]
+                    reasoned = any(line.startswith("# lazy:") for line in above[-6:])
+                    found.setdefault(name, set()).add((target.split(".")[0], reasoned))
+    assert all(reasoned for imports in found.values() for _, reasoned in imports), found
+    allowed = {"ray", "raysim", "torchvision", "matplotlib", "torch"}  # raysim: its Ray side; torch: TensorBoard's
+    assert {target for imports in found.values() for target, _ in imports} <= allowed, found
+    assert len(found) <= 8, sorted(found)

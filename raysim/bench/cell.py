@@ -23,22 +23,51 @@ The projection assumes a phase's time is linear in its work keys; where a phase 
 with different ratios of full to bench value, their mean ratio is used (printed). Memory: the peak of
 a client actor's process and of the server's (summary.json's peak_memory_mb; CPU: resident set;
 CUDA: tensors on the GPU), from the larger run - the work keys repeat work, they do not grow it.
+
+Share of the hardware: both runs count multiply-accumulates (eval.count_macs, raysim.macs: the seconds
+then include its hook, a few microseconds a layer call) - the clients' (each client's `macs`, summed),
+the server update's (`macs_server`: server training on condensed sets, a one-shot method's synthesis
+and distillation, DynaFed's trajectory synthesis) and the evaluation's (`macs_eval`: a forward pass
+over the test split; not the federated validation, which the clients' actors run). A client step that
+condenses (FedDM, FedAF, DCFL) is one phase: its training and its condensation are counted together.
+A phase's rate is its MACs over its seconds in the larger run, beside the peak raysim.bench.peak
+measures afterwards in this process, on the phase's device and thread count and in its dtype
+(resources.precision; evaluation is float32): the server's phases against one process with the
+server's threads (resources.server_threads, else every core it may use); the clients' phase, whose
+actors run at once and whose seconds are the phase's wall time, against the whole machine the actors
+hold - the peak of one actor's threads (cpus_per_actor) times the number of actors on CPUs, times the
+number of GPUs they share on CUDA (one runtime with resources.in_process, which runs the clients in
+turn). Both rates are the machine's at the time: the load average beside them says whether other
+processes shared it. Not measured where the models are compiled (resources.compile, refused beside
+eval.count_macs); without a share of the peak where the runs were on another machine (`address`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
+from raysim.bench.peak import BIG_SIZE, SMALL_SHAPE, measure_peak
+from raysim.config import dump_config
+from raysim.engine.devices import pick_device
 from raysim.errors import RaysimError
+from raysim.outputs.run_dir import RunDir
+from raysim.precision import PRECISIONS
+from raysim.registry import algorithm_class
+from raysim.report import flatten
+from raysim.reproduce import check_cell_name
+from raysim.reproduce.named import load_named_config
+from raysim.runner import prepare, run_experiment
 
 DEFAULTS = {
     "config": "",  # a config file, a shipped config's name, or TABLE:CELL:METHOD[:SCALE] (the first bare argument)
@@ -62,6 +91,8 @@ LABELS = {
     "eval": "evaluation",
     "rest": "start-up and outputs",
 }
+# the phases whose multiply-accumulates a run counts (eval.count_macs): metrics.parquet's metric for each
+COUNTED = {"clients": "macs", "server": "macs_server", "eval": "macs_eval"}
 
 
 @dataclass(frozen=True)
@@ -125,9 +156,6 @@ class WorkKey:
 
 def work_keys(config, fraction: float) -> list[WorkKey]:
     """The algorithm's work keys that this config sets above 0, with the two bench values."""
-    from raysim.config import dump_config
-    from raysim.registry import algorithm_class
-    from raysim.report import flatten
 
     values = flatten(yaml.safe_load(dump_config(config)))
     work = work_of(algorithm_class(config.algorithm.name))
@@ -153,20 +181,39 @@ def phase_ratio(keys: list[WorkKey], phase: str) -> tuple[float | None, bool]:
 def timed_run(config, address: str | None) -> dict[str, float]:
     """One real run in a temporary folder: each phase's seconds summed over the rounds, the command's
     wall time, and the peak memory."""
-    from raysim.outputs.run_dir import RunDir
-    from raysim.runner import prepare, run_experiment
 
     with tempfile.TemporaryDirectory(prefix="raysim-bench-cell-") as folder:
         run_dir = RunDir(Path(folder) / "run")
         started = time.perf_counter()
         summary = run_experiment(config, run_dir, address, experiment=prepare(config))
         wall = time.perf_counter() - started
-        rows = [r for r in run_dir.read_metrics_rows() if r["client"] is None]
+        all_rows = run_dir.read_metrics_rows()
+        actors = run_dir.read_actors()
+    rows = [r for r in all_rows if r["client"] is None]
     seconds = {phase: sum(r["value"] for r in rows if r["metric"] == metric) for phase, metric in PHASES.items()}
     rounds = sum(r["value"] for r in rows if r["metric"] == "round_time_s")
     seconds["rest"] = max(0.0, wall - rounds)
     peaks = summary.get("peak_memory_mb") or {}
-    return {**seconds, "wall": wall, "peak_clients_mb": peaks.get("clients"), "peak_server_mb": peaks.get("server")}
+    return {
+        **seconds,
+        "wall": wall,
+        "peak_clients_mb": peaks.get("clients"),
+        "peak_server_mb": peaks.get("server"),
+        **counted_macs(all_rows),
+        "actors": len(actors),
+        "actor_gpus": len({gpu for actor in actors for gpu in actor.get("gpu_ids") or []}),
+    }
+
+
+def counted_macs(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Each counted phase's multiply-accumulates over the run (`macs_PHASE`; the clients' summed over
+    clients and rounds), None where the run logged none (it did not count)."""
+    out = {}
+    for phase, metric in COUNTED.items():
+        from_clients = phase == "clients"
+        values = [r["value"] for r in rows if r["metric"] == metric and (r["client"] is not None) == from_clients]
+        out[f"macs_{phase}"] = float(sum(values)) if values else None
+    return out
 
 
 def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, float]) -> dict[str, float]:
@@ -183,9 +230,6 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
 
 
 def cell(opts: dict) -> None:
-    from raysim.registry import algorithm_class
-    from raysim.reproduce import check_cell_name
-    from raysim.reproduce.named import load_named_config
 
     if not opts["config"]:
         raise RaysimError(
@@ -202,6 +246,8 @@ def cell(opts: dict) -> None:
     config = load_named_config(opts["config"], opts["overrides"])
     keys = work_keys(config, fraction)
     fixed = [f"{k}={v}" for k, v in work_of(algorithm_class(config.algorithm.name)).overrides.items()]
+    if not config.resources.compile:  # count the phases' MACs (refused beside compiled models)
+        fixed.append("eval.count_macs=true")
     runs = []
     for which in ("first", "second"):
         values = [f"{k.key}={getattr(k, which)}" for k in keys]
@@ -222,6 +268,13 @@ def cell(opts: dict) -> None:
         print(f"  run {i}: {time.perf_counter() - started:.1f} s", flush=True)
     projected = project(keys, *measured)
     print(report(config, keys, measured, projected))
+    rates, peaks = [], {}
+    if config.resources.compile:
+        print("GMAC/s not measured: resources.compile is on, and MACs are counted only of models run uncompiled")
+    else:
+        peaks = {} if address else phase_peaks(config, measured[1])
+        rates = rate_rows(measured[1], peaks)
+        print(rates_report(rates, peaks, fraction, address))
     if opts["out"]:
         Path(opts["out"]).write_text(
             json.dumps(
@@ -233,6 +286,8 @@ def cell(opts: dict) -> None:
                     "runs": measured,
                     "projected_s": projected,
                     "projected_wall_s": sum(projected.values()),
+                    "rates": rates,
+                    "peaks": {phase: {**asdict(peak), "processes": n} for phase, (peak, n) in peaks.items() if peak},
                 },
                 indent=1,
             )
@@ -274,3 +329,95 @@ def report(config, keys: list[WorkKey], measured: list[dict[str, float]], projec
         ]
         lines.append("peak memory: " + ", ".join(shown))
     return "\n".join(lines)
+
+
+def phase_peaks(config, run: dict[str, Any]) -> dict[str, tuple[Any, int]]:
+    """Per counted phase: the peak (raysim.bench.peak.Peak; None where its CUDA device is not visible
+    here) of one of the processes that run it, on its device, with its threads, in its dtype, and how
+    many such processes run it at once (see the module's docstring)."""
+
+    r = config.resources
+    hot = PRECISIONS[r.precision] or torch.float32  # training's dtype; evaluation stays in float32
+    client_device, server_device = pick_device(r.gpus_per_actor), pick_device(r.server_gpus)
+    server_threads = r.server_threads or len(os.sched_getaffinity(0))  # as the server actor sets them
+    at_once = run["actors"] if client_device.type == "cpu" else max(1, run["actor_gpus"])
+    wanted = {
+        "clients": (client_device, max(1, int(r.cpus_per_actor)), hot, at_once),
+        "server": (server_device, max(1, int(server_threads)), hot, 1),
+        "eval": (server_device, max(1, int(server_threads)), torch.float32, 1),
+    }
+    measured: dict[tuple, Any] = {}  # one measurement per (device, threads, dtype)
+    for device, threads, dtype, _ in wanted.values():
+        if (device, threads, dtype) not in measured:
+            measured[device, threads, dtype] = measure_peak(device, threads, dtype)
+    return {phase: (measured[device, threads, dtype], n) for phase, (device, threads, dtype, n) in wanted.items()}
+
+
+def rate_rows(run: dict[str, Any], peaks: dict[str, tuple[Any, int]]) -> list[dict[str, Any]]:
+    """Per counted phase of `run`: its MACs, seconds, GMAC/s and, where its peak was measured, the
+    peak's and the small product's rate for the processes that run it, and its share (%) of the peak."""
+    rows = []
+    for phase in COUNTED:
+        macs, seconds = run[f"macs_{phase}"] or 0.0, run[phase]
+        rate = macs / seconds / 1e9 if seconds > 0 else None
+        peak, at_once = peaks.get(phase) or (None, 1)
+        row = {"phase": phase, "gmacs": macs / 1e9, "seconds": seconds, "gmacs_per_s": rate}
+        if peak is not None:
+            row["peak_gmacs_per_s"] = peak.big_gmacs * at_once
+            row["small_gmacs_per_s"] = peak.small_gmacs * at_once
+            row["share_of_peak_pct"] = None if rate is None else 100 * rate / row["peak_gmacs_per_s"]
+        rows.append(row)
+    return rows
+
+
+def rates_report(
+    rows: list[dict[str, Any]], peaks: dict[str, tuple[Any, int]], fraction: float, address: str | None
+) -> str:
+    """The table of the phases' rates and their shares of the peak, and what the peaks were."""
+
+    def number(value: float | None, digits: int = 1, suffix: str = "") -> str:
+        return "-" if value is None else f"{value:.{digits}f}{suffix}"
+
+    lines = [
+        "",
+        f"{'phase (run 2, at ' + format(2 * fraction, 'g') + ' of the work)':38s} {'MACs (G)':>10s} {'seconds':>9s} "
+        f"{'GMAC/s':>8s} {'peak GMAC/s':>12s} {'share':>7s} {'small-matmul GMAC/s':>20s}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{LABELS[row['phase']]:38s} {row['gmacs']:10.2f} {row['seconds']:9.1f} "
+            f"{number(row['gmacs_per_s'], 2):>8s} {number(row.get('peak_gmacs_per_s')):>12s} "
+            f"{number(row.get('share_of_peak_pct'), 1, '%'):>7s} "
+            f"{number(row.get('small_gmacs_per_s')):>20s}"
+        )
+    if address:
+        lines.append(f"no share of the peak: the runs were on the Ray cluster at {address}, not on this machine")
+    else:
+        lines += peak_lines(peaks)
+    return "\n".join(lines)
+
+
+def peak_lines(peaks: dict[str, tuple[Any, int]]) -> list[str]:
+    """What the peaks were: the products, each phase's processes, device, threads and dtype, and the
+    machine's load while they were measured."""
+
+    sizes = ", ".join(f"{n}x{n} on {kind}" for kind, n in BIG_SIZE.items())
+    b, k, n = SMALL_SHAPE
+    lines = [f"peak: the fastest timed square product ({sizes}); small-matmul: {b}x{k} @ {k}x{n}"]
+    by_peak: dict[tuple, list[str]] = {}  # phases measured against the same peak share a line
+    for phase, (peak, at_once) in peaks.items():
+        by_peak.setdefault((peak, at_once), []).append(LABELS[phase].split(" (")[0])
+    for (peak, at_once), phases in by_peak.items():
+        if peak is None:
+            lines.append(f"  {', '.join(phases)}: not measured (its CUDA device is not visible here)")
+            continue
+        many = f"{at_once} {'actors' if peak.device == 'cpu' else 'GPUs'} x " if at_once > 1 else ""
+        threads = f"{peak.threads} thread{'s' if peak.threads > 1 else ''}"
+        lines.append(
+            f"  {', '.join(phases)}: {many}{threads} on {peak.device} in {peak.dtype}: "
+            f"{peak.big_gmacs:.1f} GMAC/s{' each' if many else ''} (small-matmul {peak.small_gmacs:.1f})"
+        )
+    if hasattr(os, "getloadavg"):  # the last minute's, the runs' own processes included
+        load, cores = os.getloadavg()[0], os.cpu_count()
+        lines.append(f"  load average {load:.1f} on {cores} cores (above {cores}: processes waited for a core)")
+    return lines

@@ -48,6 +48,7 @@ from raysim.outputs.callbacks import (
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.summary import run_summary
 from raysim.partition import validating_clients
+from raysim.plots import partition_figure
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
 from raysim.tensors import load_weights, serialized_nbytes
@@ -139,16 +140,14 @@ class ServerRuntime:
         callbacks: list[Callback] = [metrics]
         if config.output.tensorboard:
 
-            def partition_figure():
-                from raysim.plots import partition_figure
-
+            def partition_picture():
                 return partition_figure(partition_counts, class_names)
 
             callbacks.append(
                 TensorBoardFile(
                     self.run_dir.tensorboard_dir,
                     self.completed,
-                    partition_figure if partition_counts is not None else None,
+                    partition_picture if partition_counts is not None else None,
                 )
             )
         callbacks.append(
@@ -208,7 +207,10 @@ class ServerRuntime:
         values: dict[str, float] = {}
         evaluated = round_index % config.eval.every == 0 or round_index == config.rounds
         if evaluated:
-            values.update(self.evaluate())
+            with counting(config.eval.count_macs) as eval_macs:  # a forward pass over the test split
+                values.update(self.evaluate())
+            if eval_macs is not None:
+                values["macs_eval"] = eval_macs.total
         validation: dict[str, float] = {}
         if evaluated and self.is_candidate(round_index):
             validation, validation_restarts = self.validate()
