@@ -18,6 +18,7 @@ from raysim.algorithms.fedavg.fedavg import FedAvg
 from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, squared_distance, zeros_like_params
 from raysim.tensors import weighted_average
 from raysim.training import cross_entropy_loss
+from raysim.vectorized import BatchLoss
 
 
 class FedDyn(FedAvg):
@@ -33,17 +34,29 @@ class FedDyn(FedAvg):
         return {"weights": super().server_init(model, ctx)["weights"], "h": zeros_like_params(model)}
 
     def local_loss(self, payload, client, ctx):
+        anchor, g = self._anchor(payload, ctx), self._gradient_state(client, ctx)
+        return lambda model, x, y: self._dynamic_loss(model, x, y, g, anchor)
+
+    def batch_loss(self, payload, clients, ctx):
+        anchor = self._anchor(payload, ctx)
+        return BatchLoss(
+            lambda model, x, y, extra: self._dynamic_loss(model, x, y, extra["g"], anchor),
+            extras=[{"g": self._gradient_state(client, ctx)} for client in clients],
+        )
+
+    def _anchor(self, payload, ctx):
+        """The global weights, as tensors on the device."""
+        return as_tensors(payload["weights"], param_names(ctx.model()), ctx.device)
+
+    def _gradient_state(self, client, ctx):
+        """The client's g_k, as tensors on the device (zeros before its first round)."""
         model = ctx.model()
-        names = param_names(model)
-        anchor = as_tensors(payload["weights"], names, ctx.device)
-        g = as_tensors(client.state.get("grad") or zeros_like_params(model), names, ctx.device)
-        alpha = self.params.alpha
+        return as_tensors(client.state.get("grad") or zeros_like_params(model), param_names(model), ctx.device)
 
-        def loss_fn(model, x, y):
-            linear = sum((p * g[n]).sum() for n, p in model.named_parameters())
-            return cross_entropy_loss(model, x, y) - linear + 0.5 * alpha * squared_distance(model, anchor)
-
-        return loss_fn
+    def _dynamic_loss(self, model, x, y, g, anchor):
+        """L_k(w) - <g_k, w> + alpha/2 ||w - w_global||^2."""
+        linear = sum((p * g[n]).sum() for n, p in model.named_parameters())
+        return cross_entropy_loss(model, x, y) - linear + 0.5 * self.params.alpha * squared_distance(model, anchor)
 
     def after_training(self, model, payload, client, ctx, steps):
         g = client.state.get("grad") or zeros_like_params(model)

@@ -8,6 +8,7 @@ from raysim.algorithm import NonNegativeFloat
 from raysim.algorithms.fedavg.fedavg import FedAvg
 from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, squared_distance
 from raysim.training import cross_entropy_loss
+from raysim.vectorized import BatchLoss
 
 
 class FedProx(FedAvg):
@@ -27,3 +28,6 @@ class FedProx(FedAvg):
             return cross_entropy_loss(model, x, y) + 0.5 * mu * squared_distance(model, anchor)
 
         return loss_fn
+
+    def batch_loss(self, payload, clients, ctx):
+        return BatchLoss.shared(self.local_loss(payload, clients[0], ctx))  # it reads the payload only

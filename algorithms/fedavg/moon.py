@@ -17,7 +17,9 @@ import torch.nn.functional as F
 
 from raysim.algorithm import NonNegativeFloat, PositiveFloat
 from raysim.algorithms.fedavg.fedavg import FedAvg
+from raysim.algorithms.fedavg.weight_math import as_tensors
 from raysim.tensors import load_weights, module_weights
+from raysim.vectorized import BatchLoss, call_method
 
 
 class Moon(FedAvg):
@@ -30,24 +32,43 @@ class Moon(FedAvg):
         temperature: PositiveFloat = 0.5  # 0 divides the similarities by zero: the run learns nothing
 
     def local_loss(self, payload, client, ctx):
-        global_model, previous_model = ctx.model("moon_global"), ctx.model("moon_previous")
-        load_weights(global_model, payload["weights"])
+        global_model, previous_model = self._global_model(payload, ctx), ctx.model("moon_previous")
         load_weights(previous_model, client.state.get("previous", payload["weights"]))
-        global_model.eval()
         previous_model.eval()
-        mu, t = self.params.mu, self.params.temperature
 
         def loss_fn(model, x, y):
-            z = model.embed(x)
-            with torch.no_grad():
-                z_glob, z_prev = global_model.embed(x), previous_model.embed(x)
-            positive = F.cosine_similarity(z, z_glob, dim=-1) / t
-            negative = F.cosine_similarity(z, z_prev, dim=-1) / t
-            logits = torch.stack([positive, negative], dim=1)
-            contrastive = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long, device=x.device))
-            return F.cross_entropy(model.classifier(z), y) + mu * contrastive
+            return self._contrastive_loss(model, x, y, lambda: (global_model.embed(x), previous_model.embed(x)))
 
         return loss_fn
+
+    def batch_loss(self, payload, clients, ctx):
+        global_model, previous_model = self._global_model(payload, ctx), ctx.model("moon_previous").eval()
+
+        def loss_fn(model, x, y, extra):
+            return self._contrastive_loss(
+                model, x, y, lambda: (global_model.embed(x), call_method(previous_model, "embed", extra["previous"], x))
+            )
+
+        previous = [client.state.get("previous", payload["weights"]) for client in clients]
+        return BatchLoss(loss_fn, extras=[{"previous": as_tensors(w, list(w), ctx.device)} for w in previous])
+
+    def _global_model(self, payload, ctx):
+        """The global model, in eval mode (the positive pair's embedding)."""
+        global_model = ctx.model("moon_global")
+        load_weights(global_model, payload["weights"])
+        return global_model.eval()
+
+    def _contrastive_loss(self, model, x, y, references):
+        """CE + mu l_con (eq. 3-4); `references()` gives the global and the previous model's embeddings of x."""
+        z = model.embed(x)
+        with torch.no_grad():
+            z_glob, z_prev = references()
+        mu, t = self.params.mu, self.params.temperature
+        positive = F.cosine_similarity(z, z_glob, dim=-1) / t
+        negative = F.cosine_similarity(z, z_prev, dim=-1) / t
+        logits = torch.stack([positive, negative], dim=1)
+        contrastive = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long, device=x.device))
+        return F.cross_entropy(model.classifier(z), y) + mu * contrastive
 
     def after_training(self, model, payload, client, ctx, steps):
         client.state["previous"] = module_weights(model)

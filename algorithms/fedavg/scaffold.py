@@ -62,6 +62,7 @@ from raysim.algorithms.fedavg.fednova import normalised_steps
 from raysim.algorithms.fedavg.weight_math import as_tensors, param_names, zeros_like_params
 from raysim.errors import RaysimError
 from raysim.tensors import weighted_average
+from raysim.vectorized import BatchLoss
 
 # The server's copy of the mean of all clients' c_i under the models' weights (module docstring).
 CLIENTS_MEAN = "clients_control_mean"
@@ -99,11 +100,7 @@ class Scaffold(FedAvg):
         return {"weights": state["weights"], "control": state["control"]}
 
     def grad_hook(self, payload, client, ctx):
-        model = ctx.model()
-        names = param_names(model)
-        c = as_tensors(payload["control"], names, ctx.device)
-        c_i = as_tensors(client.state.get("control") or zeros_like_params(model), names, ctx.device)
-        correction = {n: c[n] - c_i[n] for n in names}
+        correction = self.correction(payload, client, ctx)
 
         def hook(model):
             for n, p in model.named_parameters():
@@ -111,6 +108,17 @@ class Scaffold(FedAvg):
                     p.grad.add_(correction[n])
 
         return hook
+
+    def batch_loss(self, payload, clients, ctx):
+        return BatchLoss(corrections=[self.correction(payload, client, ctx) for client in clients])
+
+    def correction(self, payload, client, ctx):
+        """c - c_i, the correction added to each gradient (tensors on the device)."""
+        model = ctx.model()
+        names = param_names(model)
+        c = as_tensors(payload["control"], names, ctx.device)
+        c_i = as_tensors(client.state.get("control") or zeros_like_params(model), names, ctx.device)
+        return {n: c[n] - c_i[n] for n in names}
 
     def after_training(self, model, payload, client, ctx, steps):
         c = payload["control"]

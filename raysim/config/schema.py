@@ -122,6 +122,8 @@ class ResourcesConfig:
     # and profilers work; no actor start-up). Payloads and replies still go through the object
     # store, and the numbers are the same as with actors.
     in_process: bool = False
+    # Each actor's clients of a round train together as one vectorised model (raysim.vectorized)
+    vectorize_clients: bool = False
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,15 @@ def validate(config: Config) -> None:
         config.resources.precision in ("float32", "bfloat16"),
         f"resources.precision must be float32 or bfloat16, got {config.resources.precision!r}",
     )
+    if config.resources.vectorize_clients:  # the algorithm's side: its check_config (raysim.vectorized.refusal)
+        for refused, why, fix in (
+            (config.resources.compile, "calls the models through torch.func, not compiled", "resources.compile=false"),
+            (config.resources.precision != "float32", "trains in float32 only", "resources.precision=float32"),
+            (config.eval.count_macs, "runs clients in shared layer calls, MACs not split", "eval.count_macs=false"),
+            (config.local.optimizer != "sgd", "steps SGD only", "local.optimizer=sgd"),
+            (config.local.keep_optimizer, "starts each client's optimiser afresh", "local.keep_optimizer=false"),
+        ):
+            need(not refused, f"resources.vectorize_clients {why}: set {fix} or resources.vectorize_clients=false")
     need(config.local.epochs >= 0, "local.epochs must be >= 0")
     need(config.local.batch_size >= 1, "local.batch_size must be >= 1")
     need(

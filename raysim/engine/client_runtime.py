@@ -23,11 +23,18 @@ from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.engine.store import object_store
+from raysim.errors import need
 from raysim.macs import counting
 from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate
+from raysim.vectorized import refusal
+
+# resources.vectorize_clients: the most clients trained as one vectorised model. A group's
+# activations are held at once (32 clients at batch 64: the activations of a batch of 2048), so
+# larger groups would gain little more on a GPU and risk its memory.
+CLIENTS_TOGETHER = 32
 
 
 def to_model_input(images: np.ndarray, mean: np.ndarray, std: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -59,6 +66,9 @@ class ClientRuntime:
         self.device = pick_device(gpus)
         self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources)
         self.algorithm = make_algorithm(config)
+        if config.resources.vectorize_clients:  # the FedAvg family refuses it earlier, in its check_config
+            reason = refusal(config.algorithm.name, type(self.algorithm))
+            need(reason is None, str(reason))
         self.ctx = Context(config, spec, self.device, config.model, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for client, idx in client_indices.items():
@@ -102,14 +112,22 @@ class ClientRuntime:
         """Client `client`'s step of round `round_index` on the shared payload merged with the parts
         addressed to it."""
         start = time.perf_counter()
-        seed = derive_seed(self.config.seed, CLIENT_TRAIN, round_index, client)
-        torch.manual_seed(seed)  # modules that draw from torch's global generator (dropout, init)
-        for part in parts:
-            payload = {**payload, **part}
+        data = self._client_data(round_index, client)
+        with counting(self.config.eval.count_macs) as macs:
+            message = self.algorithm.client_update(_merged(payload, parts), data, self.ctx)
+        reply = self._reply(data, message, None if macs is None else macs.total)
+        reply["seconds"] = time.perf_counter() - start
+        return reply
+
+    def _client_data(self, round_index: int, client: int) -> ClientData:
+        """Client `client` as its step sees it in round `round_index`; seeds torch's global generator
+        with the client's seed and makes ctx.model() build the client's architecture."""
+        # for modules that draw from torch's global generator (dropout, init)
+        torch.manual_seed(derive_seed(self.config.seed, CLIENT_TRAIN, round_index, client))
         x, y, counts = self.data[client]
         arch = self.ctx.spec.client_architecture(client)
         self.ctx.arch = arch  # ctx.model() builds this client's own architecture
-        data = ClientData(
+        return ClientData(
             id=client,
             round=round_index,
             x=x,
@@ -119,21 +137,42 @@ class ClientRuntime:
             state=self.states.load(client, round_index),
             generator=torch_generator(self.config.seed, CLIENT_TRAIN, round_index, client),
         )
-        with counting(self.config.eval.count_macs) as macs:
-            message = self.algorithm.client_update(payload, data, self.ctx)
-        self.states.save(client, round_index, data.state)
+
+    def _reply(self, data: ClientData, message: dict[str, Any], macs: int | None) -> dict[str, Any]:
+        """A client's result for the server, its state saved; the caller sets "seconds"."""
+        self.states.save(data.id, data.round, data.state)
         bytes_up = self.algorithm.upload_bytes(message)
         return {
-            "client": client,
+            "client": data.id,
             "num_samples": data.num_samples,
             "message": message,
             "metrics": dict(data.metrics),
             "bytes_up": serialized_nbytes(message) if bytes_up is None else bytes_up,
-            "seconds": time.perf_counter() - start,
-            "macs": None if macs is None else macs.total,
+            "seconds": 0.0,
+            "macs": macs,
             "peak_memory_mb": peak_memory_mb(self.device),
             "incarnation": self.incarnation,
         }
+
+    def run_together(
+        self, round_index: int, clients: list[int], payload: dict[str, Any], *parts: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        """resources.vectorize_clients: the steps of `clients` (one architecture, the same parts
+        addressed to each) trained together as one vectorised model (the algorithm's
+        client_update_batch); each reply as run_client's, with macs None (the key refuses
+        eval.count_macs)."""
+        start = time.perf_counter()
+        # each client's seed goes to torch's global generator in turn, as in run_client; the
+        # vectorised step draws nothing from it (vmap refuses random operations)
+        data = [self._client_data(round_index, client) for client in clients]
+        messages = self.algorithm.client_update_batch(_merged(payload, parts), data, self.ctx)
+        replies = [self._reply(d, message, None) for d, message in zip(data, messages)]
+        # The clients took their steps together, so no client's own time exists: each is given an
+        # even share of the group's.
+        seconds = (time.perf_counter() - start) / len(clients)
+        for reply in replies:
+            reply["seconds"] = seconds
+        return replies
 
     def validate(self, weights: dict[str, np.ndarray], clients: list[int]) -> dict[str, Any]:
         """Federated validation: the global model (the server's architecture, `weights`) scored on
@@ -157,13 +196,15 @@ class ClientRuntime:
     def run_clients(
         self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict[int, list], chunk_bytes: int
     ) -> Iterator[list[dict[str, Any]]]:
-        """Several clients' steps in turn; their results are yielded in chunks of at least
-        `chunk_bytes` of messages (the last may be smaller). `parts`: the object references of the
-        parts addressed to each client."""
+        """Several clients' steps, in turn or (resources.vectorize_clients) together in groups;
+        their results are yielded in chunks of at least `chunk_bytes` of messages (the last may be
+        smaller). `parts`: the object references of the parts addressed to each client."""
+        if self.config.resources.vectorize_clients:
+            results = self._results_together(round_index, clients, payload, parts)
+        else:
+            results = (self.run_client(round_index, client, payload, *self._parts(parts, client)) for client in clients)
         chunk, size = [], 0
-        for client in clients:
-            mine = self.store.get(parts[client]) if client in parts else []
-            result = self.run_client(round_index, client, payload, *mine)
+        for result in results:
             chunk.append(result)
             size += result["bytes_up"]
             if size >= chunk_bytes:
@@ -171,3 +212,28 @@ class ClientRuntime:
                 chunk, size = [], 0
         if chunk:
             yield chunk
+
+    def _parts(self, parts: dict[int, list], client: int) -> list[dict[str, Any]]:
+        return self.store.get(parts[client]) if client in parts else []
+
+    def _results_together(
+        self, round_index: int, clients: list[int], payload: dict[str, Any], parts: dict[int, list]
+    ) -> Iterator[dict[str, Any]]:
+        """The results of `clients` trained in groups that share an architecture and the parts
+        addressed to them, at most CLIENTS_TOGETHER a group; a group's results are streamed as soon
+        as it has trained."""
+        groups: dict[tuple, list[int]] = {}
+        for client in clients:
+            key = (self.ctx.spec.client_architecture(client), tuple(parts.get(client, ())))
+            groups.setdefault(key, []).append(client)
+        for members in groups.values():
+            for i in range(0, len(members), CLIENTS_TOGETHER):
+                group = members[i : i + CLIENTS_TOGETHER]
+                yield from self.run_together(round_index, group, payload, *self._parts(parts, group[0]))
+
+
+def _merged(payload: dict[str, Any], parts: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> dict[str, Any]:
+    """The shared payload with the parts addressed to a client laid over it."""
+    for part in parts:
+        payload = {**payload, **part}
+    return payload
