@@ -12,10 +12,16 @@ dampening 0, nesterov off), so each client ends where the sequential loop would,
 Ragged steps. At step t the clients still training may hold batches of different sizes (an epoch's
 last batch holds the rest) and some may have finished. Padding the small batches would feed the
 padding into batch norm's batch statistics, which no loss mask undoes, so the step runs once per
-batch size among the clients that train at t, each time on the slice of the stack of the clients
-with that size: a client outside every slice (finished) keeps its weights, momentum, statistics and
-loss untouched, and every loss is the mean over the client's own real batch. Most steps are one
-slice of every client (all on full batches).
+batch size among the clients that train at t, each on the rows of the stack of the clients with
+that size: a client outside them keeps its weights, momentum, statistics and loss untouched, and
+every loss is the mean over the client's own real batch. A client that has taken all its steps
+leaves the stack (its result kept), so the clients still training are most steps one group of
+every row, which steps without copying a row.
+
+Speed. Vectorising saves kernel launches and per-step Python work, not arithmetic, so it can pay
+only where those dominate (small models on a GPU). On a CPU it does not: vmap runs a ConvNet's
+convolutions as grouped convolutions, with layout copies (measured on 2 cores: the quickstart's
+client training 3x slower), and an MLP's matrix products as batched ones (about as fast as in turn).
 """
 
 from __future__ import annotations
@@ -97,16 +103,22 @@ def train_together(model: torch.nn.Module, runs: list[ClientRun], local: LocalCo
     schedules = [client_batches(len(run.y), local, run.generator, run.y.device) for run in runs]
     stack = _Stack.of(model, runs, loss, with_momentum=local.momentum != 0)
     gradients = _vmapped_gradients(model, loss.loss)
+    names = list(runs[0].start)
     losses: list[list[torch.Tensor]] = [[] for _ in runs]
-    for t in range(max(map(len, schedules), default=0)):
-        for members in _same_size_groups(schedules, t):
-            values = _step(stack, members, [schedules[i][t] for i in members], runs, gradients, local)
-            for i, value in zip(members, values):
-                losses[i].append(value)
-    return [
-        _trained(stack, i, list(runs[i].start), torch.stack(values).tolist() if values else [])
-        for i, values in enumerate(losses)
-    ]
+    trained: dict[int, Trained] = {}
+    rows = list(range(len(runs)))  # the client of each row of the stack
+    t = 0
+    while True:
+        stack, rows = _retire(stack, rows, [len(schedules[i]) == t for i in rows], names, losses, trained)
+        if not rows:
+            return [trained[i] for i in range(len(runs))]
+        batches = [schedules[i][t] for i in rows]
+        for members in _same_size_groups(batches):
+            x = torch.stack([runs[rows[p]].x[batches[p]] for p in members])
+            y = torch.stack([runs[rows[p]].y[batches[p]] for p in members])
+            for p, value in zip(members, _step(stack, members, x, y, gradients, local)):
+                losses[rows[p]].append(value)
+        t += 1
 
 
 def client_batches(n: int, local: LocalConfig, generator: torch.Generator, device: torch.device) -> list[torch.Tensor]:
@@ -180,8 +192,16 @@ class _Stack:
             _stack_trees(loss.corrections) if loss.corrections is not None else None,
         )
 
+    @property
+    def size(self) -> int:
+        return len(next(iter(self.params.values())))
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.params.values())).device
+
     def take(self, index: torch.Tensor | None) -> _Stack:
-        """The members' slice (copies); index None: every client (the tensors themselves)."""
+        """The rows `index` (copies); index None: every row (the tensors themselves)."""
         if index is None:
             return self
         return _Stack(
@@ -193,7 +213,7 @@ class _Stack:
         )
 
     def put(self, index: torch.Tensor | None, params: Tensors, momenta: Tensors, buffers: Tensors) -> None:
-        """The members' new tensors written back (index None: every client)."""
+        """The new tensors of the rows `index` written back (index None: every row)."""
         if index is None:
             self.params, self.momenta, self.buffers = params, momenta, buffers
             return
@@ -214,29 +234,43 @@ def _stack_trees(trees: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _same_size_groups(schedules: list[list[torch.Tensor]], t: int) -> list[list[int]]:
-    """The clients that train at step t, grouped by the size of their batch."""
+def _same_size_groups(batches: list[torch.Tensor]) -> list[list[int]]:
+    """The rows of the stack (one batch each) grouped by the size of their batch."""
     groups: dict[int, list[int]] = {}
-    for i, batches in enumerate(schedules):
-        if t < len(batches):
-            groups.setdefault(len(batches[t]), []).append(i)
+    for row, batch in enumerate(batches):
+        groups.setdefault(len(batch), []).append(row)
     return list(groups.values())
 
 
-def _step(
+def _retire(
     stack: _Stack,
-    members: list[int],
-    batches: list[torch.Tensor],
-    runs: list[ClientRun],
-    gradients: Callable,
-    local: LocalConfig,
+    rows: list[int],
+    done: list[bool],
+    names: list[str],
+    losses: list[list[torch.Tensor]],
+    trained: dict[int, Trained],
+) -> tuple[_Stack, list[int]]:
+    """The clients whose rows are `done` (all steps taken) leave the stack, their results kept in
+    `trained`: the later steps neither compute nor copy them. Returns the stack of the others and
+    the client of each of its rows."""
+    if not any(done):
+        return stack, rows
+    for row, finished in enumerate(done):
+        if finished:
+            values = losses[rows[row]]
+            trained[rows[row]] = _trained(stack, row, names, torch.stack(values).tolist() if values else [])
+    keep = [row for row, finished in enumerate(done) if not finished]
+    if not keep:
+        return stack, []
+    return stack.take(torch.tensor(keep, device=stack.device)), [rows[row] for row in keep]
+
+
+def _step(
+    stack: _Stack, members: list[int], x: torch.Tensor, y: torch.Tensor, gradients: Callable, local: LocalConfig
 ) -> torch.Tensor:
-    """One SGD step of `members` (clients whose batches have one size); returns their losses."""
-    everyone = len(members) == len(runs)
-    index = None if everyone else torch.tensor(members, device=batches[0].device)
+    """One SGD step of the rows `members` (clients whose batches x, y have one size); returns their losses."""
+    index = None if len(members) == stack.size else torch.tensor(members, device=stack.device)
     part = stack.take(index)
-    x = torch.stack([runs[i].x[batch] for i, batch in zip(members, batches)])
-    y = torch.stack([runs[i].y[batch] for i, batch in zip(members, batches)])
     grads, values = gradients(part.params, part.buffers, x, y, part.extras)
     if part.corrections is not None:  # SCAFFOLD's grad_hook: p.grad += correction, before the step
         grads = {n: g + part.corrections[n] for n, g in grads.items()}
@@ -261,7 +295,7 @@ def sgd_step(params: Tensors, grads: Tensors, momenta: Tensors, local: LocalConf
 
 
 def _trained(stack: _Stack, i: int, names: list[str], losses: list[float]) -> Trained:
-    """Client i's final state dict (in its start's key order), steps and mean loss; the losses are
+    """Row i's final state dict (in its start's key order), steps and mean loss; the losses are
     summed in step order, as raysim.training._train_epochs sums them."""
     tensors = {**stack.params, **stack.buffers}
     return Trained({n: tensors[n][i] for n in names}, len(losses), sum(losses) / max(len(losses), 1))
