@@ -15,7 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from raysim import compiled, precision
-from raysim.algorithm import ModelSpec
+from raysim.algorithm import Algorithm, ModelSpec
 from raysim.config import Config, dump_config
 from raysim.data import ArrayDataset, load_dataset
 from raysim.data.arrays import with_validation_split
@@ -39,6 +39,7 @@ class Experiment:
     """Everything decided before Ray starts: data, partition, model shape."""
 
     config: Config
+    algorithm: type[Algorithm]  # its class, resolved once here: the server and the clients make it from this
     dataset: ArrayDataset
     parts: list[np.ndarray]
     counts: np.ndarray  # (clients, classes)
@@ -94,9 +95,10 @@ def prepare(config: Config) -> Experiment:
     spec = ModelSpec(config, dataset.channels, dataset.num_classes, dataset.image_size)
     check_models(spec)
     mean, std = normalisation(config, dataset)
-    digest = data_digest(dataset, parts) if algorithm_class(config.algorithm.name).needs_data_digest else None
+    algorithm = algorithm_class(config.algorithm.name)
+    digest = data_digest(dataset, parts) if algorithm.needs_data_digest else None
     counts = class_counts(dataset.train_y, parts, dataset.num_classes)
-    return Experiment(config, dataset, parts, counts, spec, mean, std, identity, digest, holdout)
+    return Experiment(config, algorithm, dataset, parts, counts, spec, mean, std, identity, digest, holdout)
 
 
 def read_data(config: Config) -> tuple[ArrayDataset, DataIdentity]:

@@ -116,7 +116,15 @@ def one_client_runtime(config, state_dir: Path):
     exp = prepare(config)
     train = exp.dataset
     runtime = ClientRuntime(
-        config, exp.spec, train.train_x, train.train_y, {0: exp.parts[0]}, exp.mean, exp.std, str(state_dir)
+        config,
+        exp.algorithm,
+        exp.spec,
+        train.train_x,
+        train.train_y,
+        {0: exp.parts[0]},
+        exp.mean,
+        exp.std,
+        str(state_dir),
     )
     return exp, runtime
 

@@ -1,6 +1,6 @@
-"""The code's layout (issue 46): the engine side never imports the algorithms, no import circle
-among raysim's modules (function-level imports included), every package folder installs, and
-each family names exactly the algorithms it defines."""
+"""The code's layout: the engine side never imports the algorithms, no import circle among raysim's
+modules (function-level imports included), every package folder installs, each family names exactly
+the algorithms it defines, and a config's way into the engine enters no file more than twice."""
 
 from __future__ import annotations
 
@@ -172,3 +172,52 @@ def test_imports_inside_functions_are_the_lazy_few_each_with_its_reason():
     allowed = {"ray", "raysim", "torchvision", "matplotlib", "torch"}  # raysim: its Ray side; torch: TensorBoard's
     assert {target for imports in found.values() for target, _ in imports} <= allowed, found
     assert len(found) <= 8, sorted(found)
+
+
+def test_a_config_on_its_way_from_the_command_line_into_the_engine_enters_no_file_more_than_twice(tmp_path):
+    """The config's path through the code: every call into a raysim function that takes the Config
+    and hands it on to another file (a stop, not a lookup such as a helper reading one key), from
+    `raysim run` to the engine's end, counted per file. A file entered three times is the layering
+    bending back on itself."""
+    import collections
+    import sys
+    import threading
+
+    from raysim.cli import main
+    from raysim.config.schema import Config
+    from tests.conftest import tiny_overrides
+
+    calls: list[str] = []
+    stack: list[tuple[int, int]] = []  # (frame, index in calls) of the config-carrying calls now running
+    onward: set[int] = set()
+
+    def ours(path: str) -> bool:
+        return path.startswith((str(ROOT / "raysim"), str(ROOT / "algorithms")))
+
+    def trace(frame, event, arg):
+        if event == "return" and stack and stack[-1][0] == id(frame):
+            stack.pop()
+        if event != "call" or not ours(frame.f_code.co_filename):
+            return
+        code = frame.f_code
+        if not any(isinstance(frame.f_locals.get(n), Config) for n in code.co_varnames[: code.co_argcount]):
+            return
+        if frame.f_back is not None and frame.f_back.f_code.co_filename == code.co_filename:
+            return  # within one file
+        if stack:
+            onward.add(stack[-1][1])
+        calls.append(str(Path(code.co_filename).relative_to(ROOT)))
+        stack.append((id(frame), len(calls) - 1))
+
+    config = ROOT / "raysim" / "configs" / "quickstart.yaml"
+    args = ["run", str(config), *tiny_overrides(rounds=1, **{"resources.in_process": True}), "--out", str(tmp_path)]
+    sys.setprofile(trace)
+    threading.setprofile(trace)
+    try:
+        assert main(args) == 0
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)
+    stops = collections.Counter(calls[i] for i in onward)
+    assert "raysim/engine/server.py" in stops, calls  # the path was followed into the engine
+    assert max(stops.values()) <= 2, stops

@@ -18,14 +18,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithm import ClientData, Context, ModelSpec
+from raysim.algorithm import Algorithm, ClientData, Context, ModelSpec
 from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.engine.store import object_store
 from raysim.errors import need
 from raysim.macs import counting
-from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate
@@ -52,6 +51,7 @@ class ClientRuntime:
     def __init__(
         self,
         config: Config,
+        algorithm: type[Algorithm],
         spec: ModelSpec,
         train_x: np.ndarray,
         train_y: np.ndarray,
@@ -65,7 +65,7 @@ class ClientRuntime:
         self.config = config
         self.device = pick_device(gpus)
         self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources)
-        self.algorithm = make_algorithm(config)
+        self.algorithm = algorithm(config.algorithm.params, config)
         if config.resources.vectorize_clients:  # the FedAvg family refuses it earlier, in its check_config
             reason = refusal(config.algorithm.name, type(self.algorithm))
             need(reason is None, str(reason))

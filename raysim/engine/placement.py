@@ -40,6 +40,7 @@ def server_inputs(exp: Any) -> ServerInputs:
     """The part of the experiment the server needs (the training data stays with the clients)."""
     data = exp.dataset
     return ServerInputs(
+        exp.algorithm,
         exp.spec,
         data.test_x,
         data.test_y,

@@ -45,11 +45,11 @@ class ShardDepot:
 
 @ray.remote
 class ClientActor:
-    def __init__(self, config, spec, depot_name: str, actor_index: int, *args, **kwargs):
+    def __init__(self, config, algorithm, spec, depot_name: str, actor_index: int, *args, **kwargs):
         refs = ray.get(ray.get_actor(depot_name).shard.remote(actor_index))
         train_x, train_y, client_indices, held_out = ray.get(refs)
         self.runtime = ClientRuntime(
-            config, spec, train_x, train_y, client_indices, *args, validation_indices=held_out, **kwargs
+            config, algorithm, spec, train_x, train_y, client_indices, *args, validation_indices=held_out, **kwargs
         )
 
     def info(self) -> dict[str, Any]:
@@ -164,7 +164,7 @@ def start_on_ray(config: Config, exp: Any, run_dir: RunDir) -> Engine:
             max_restarts=res.max_restarts,
             max_task_retries=res.max_task_retries,
             scheduling_strategy=placement,
-        ).remote(config, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
+        ).remote(config, exp.algorithm, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
         for a in range(num_actors)
     ]
     server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithm import Context, ModelSpec, Reply, ServerLog
+from raysim.algorithm import Algorithm, Context, ModelSpec, Reply, ServerLog
 from raysim.config import Config
 from raysim.engine.client_runtime import to_model_input
 from raysim.engine.delivery import Delivery
@@ -49,7 +49,6 @@ from raysim.outputs.run_dir import RunDir
 from raysim.outputs.summary import run_summary
 from raysim.partition import validating_clients
 from raysim.plots import partition_figure
-from raysim.registry import make_algorithm
 from raysim.seeding import CLIENT_SAMPLING, numpy_rng
 from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate, evaluate_by_group
@@ -63,6 +62,7 @@ class ServerInputs:
     normalisation, and (for the algorithms and the outputs) the clients' label counts and a digest
     of their data. The clients' training data stays with the client actors."""
 
+    algorithm: type[Algorithm]  # the config's algorithm class (resolved once, by raysim.runner.prepare)
     spec: ModelSpec
     test_x: np.ndarray
     test_y: np.ndarray
@@ -100,7 +100,7 @@ class ServerRuntime:
             data_digest=inputs.data_digest,
             label_counts=inputs.partition_counts,
         )
-        self.algorithm = make_algorithm(config)
+        self.algorithm = inputs.algorithm(config.algorithm.params, config)
         self.actors = actors
         self.client_actor = client_actor
         self.store = object_store(config.resources.in_process)

@@ -41,6 +41,7 @@ def _in_process(config: Config, exp: Any, run_dir: RunDir) -> Engine:
     res = config.resources
     clients = ClientRuntime(
         config,
+        exp.algorithm,
         exp.spec,
         exp.dataset.train_x,
         exp.dataset.train_y,
