@@ -110,6 +110,26 @@ def test_counting_macs_changes_no_number_and_records_each_clients_and_the_server
     assert curves["macs_server"][1][-1] == 0  # FedAvg's server only averages: no layer runs
 
 
+def test_a_run_that_counts_macs_states_each_phases_achieved_gmacs_per_second(run_tiny):
+    """summary.json's gmacs_per_s: each counted phase's MACs over its seconds (the clients' phase: all
+    clients' MACs over the phase's wall time); a run that does not count states none."""
+    import pyarrow.parquet as pq
+
+    plain, _ = run_tiny(**{"algorithm.name": "fedavg"})
+    summary, run_dir = run_tiny(**{"algorithm.name": "fedavg", "eval.count_macs": True})
+    assert "gmacs_per_s" not in plain
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+
+    def total(metric, clients):
+        return sum(r["value"] for r in rows if r["metric"] == metric and (r["client"] is not None) == clients)
+
+    rates = summary["gmacs_per_s"]
+    assert rates["clients"] == pytest.approx(total("macs", True) / total("time_clients_s", False) / 1e9)
+    assert rates["eval"] == pytest.approx(total("macs_eval", False) / total("time_eval_s", False) / 1e9)
+    assert rates["clients"] > 0 and rates["eval"] > 0
+    assert "server" not in rates  # FedAvg's server only averages: no MACs, no rate
+
+
 def test_counting_macs_of_compiled_models_is_refused_in_one_line():
     from raysim.errors import RaysimError
     from raysim.experiment import load_config

@@ -61,6 +61,7 @@ from raysim.bench.peak import BIG_SIZE, SMALL_SHAPE, measure_peak
 from raysim.config import dump_config
 from raysim.engine.devices import pick_device
 from raysim.errors import RaysimError
+from raysim.outputs.metrics import PHASE_MACS, PHASE_SECONDS, phase_macs
 from raysim.outputs.run_dir import RunDir
 from raysim.precision import PRECISIONS
 from raysim.registry import algorithm_class
@@ -77,13 +78,7 @@ DEFAULTS = {
 }
 TAKES_CONFIG = True  # `raysim bench cell NAME key=value ...`: a config and its overrides
 
-# metrics.parquet's per-round phase times (server rows), in the order printed
-PHASES = {
-    "broadcast": "time_broadcast_s",
-    "clients": "time_clients_s",
-    "server": "time_server_update_s",
-    "eval": "time_eval_s",
-}
+PHASES = PHASE_SECONDS  # in the order printed
 LABELS = {
     "broadcast": "broadcast",
     "clients": "clients (their steps, in parallel)",
@@ -91,8 +86,7 @@ LABELS = {
     "eval": "evaluation",
     "rest": "start-up and outputs",
 }
-# the phases whose multiply-accumulates a run counts (eval.count_macs): metrics.parquet's metric for each
-COUNTED = {"clients": "macs", "server": "macs_server", "eval": "macs_eval"}
+COUNTED = PHASE_MACS  # the phases whose multiply-accumulates a run counts (eval.count_macs)
 
 
 @dataclass(frozen=True)
@@ -206,14 +200,9 @@ def timed_run(config, address: str | None) -> dict[str, float]:
 
 
 def counted_macs(rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Each counted phase's multiply-accumulates over the run (`macs_PHASE`; the clients' summed over
-    clients and rounds), None where the run logged none (it did not count)."""
-    out = {}
-    for phase, metric in COUNTED.items():
-        from_clients = phase == "clients"
-        values = [r["value"] for r in rows if r["metric"] == metric and (r["client"] is not None) == from_clients]
-        out[f"macs_{phase}"] = float(sum(values)) if values else None
-    return out
+    """raysim.outputs.metrics.phase_macs of metrics.parquet's rows, as `macs_PHASE`."""
+    found = phase_macs([(r["round"], r["client"], r["metric"], r["value"]) for r in rows])
+    return {f"macs_{phase}": macs for phase, macs in found.items()}
 
 
 def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, float]) -> dict[str, float]:

@@ -19,6 +19,27 @@ SCHEMA = pa.schema([("round", pa.int64()), ("client", pa.int64()), ("metric", pa
 
 Row = tuple[int, int | None, str, float]
 
+# Each phase of a round: the server's row of its wall time, and (with eval.count_macs) the metric of
+# its multiply-accumulates: the clients' on each client's row, the server's phases on the server's.
+PHASE_SECONDS = {
+    "broadcast": "time_broadcast_s",
+    "clients": "time_clients_s",
+    "server": "time_server_update_s",
+    "eval": "time_eval_s",
+}
+PHASE_MACS = {"clients": "macs", "server": "macs_server", "eval": "macs_eval"}
+
+
+def phase_macs(rows: list[Row]) -> dict[str, float | None]:
+    """Each counted phase's multiply-accumulates over `rows` (the clients' summed over clients and
+    rounds), None where none was logged (the run did not count)."""
+    out = {}
+    for phase, metric in PHASE_MACS.items():
+        from_clients = phase == "clients"
+        values = [v for _, client, m, v in rows if m == metric and (client is not None) == from_clients]
+        out[phase] = float(sum(values)) if values else None
+    return out
+
 
 def is_timing(metric: str) -> bool:
     """Wall-clock metrics (the server's `time_*_s` and `round_time_s`, the clients' `time_*`): the only

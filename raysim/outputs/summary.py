@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from raysim.config import Config
-from raysim.outputs.metrics import MetricsTable
+from raysim.outputs.metrics import PHASE_MACS, PHASE_SECONDS, MetricsTable, phase_macs
 from raysim.run_format import RUN_FORMAT
 
 LAST_EVALUATIONS = 5  # summary.json's last5_accuracy
@@ -96,10 +96,24 @@ def run_summary(
         # the peak memory of a client actor's process and of the server's, in MiB (on CUDA: tensors
         # on the GPU), over this process's life (a resumed run: since it resumed)
         "peak_memory_mb": peak_memory_mb,
+        **achieved_rates(metrics),
         **client_models(architectures),
         **domain_summary(metrics, domains),
         **extras,
     }
+
+
+def achieved_rates(metrics: MetricsTable) -> dict[str, Any]:
+    """With eval.count_macs: each counted phase's achieved GMAC/s over the run, its multiply-accumulates
+    over its wall time (the clients' phase: every actor's clients together, in the phase's wall
+    time). `raysim bench cell` sets these beside the machine's measured peak."""
+    macs = phase_macs(metrics.rows)
+    rates = {}
+    for phase in PHASE_MACS:
+        seconds = sum(v for _, v in metrics.server_values(PHASE_SECONDS[phase]))
+        if macs[phase] and seconds > 0:
+            rates[phase] = macs[phase] / seconds / 1e9
+    return {"gmacs_per_s": rates} if rates else {}
 
 
 def validation_bytes(metrics: MetricsTable) -> dict[str, int]:
