@@ -129,19 +129,22 @@ def one_client_runtime(config, state_dir: Path):
     return exp, runtime
 
 
+TINY_DEFAULTS = {
+    "rounds": 2,
+    "clients.num": 6,
+    "clients.per_round": 6,
+    "model.width": 8,
+    "local.epochs": 1,
+    "local.batch_size": 64,
+    "partition.alpha": 0.5,
+    "resources.actors": 2,
+    "output.tensorboard": False,
+}
+
+
 def tiny_overrides(**extra) -> list[str]:
     """A small, fast experiment on the embedded dataset, on 2 client actors."""
-    base = {
-        "rounds": 2,
-        "clients.num": 6,
-        "clients.per_round": 6,
-        "model.width": 8,
-        "local.epochs": 1,
-        "local.batch_size": 64,
-        "partition.alpha": 0.5,
-        "resources.actors": 2,
-        "output.tensorboard": False,
-    }
+    base = dict(TINY_DEFAULTS)
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
 
@@ -167,7 +170,8 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
 
     def run(**overrides):
         overrides = {"resources.in_process": True, **overrides}
-        key = tuple(sorted((k, str(v)) for k, v in overrides.items()))
+        # keyed by the whole set of overrides, defaults included: run_tiny() and run_tiny(rounds=2) share a run
+        key = tuple(sorted((k, str(v)) for k, v in {**TINY_DEFAULTS, **overrides}.items()))
         if key not in _tiny_runs:
             config = load_config(
                 Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml", tiny_overrides(**overrides)

@@ -184,7 +184,8 @@ def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path):
             "bench",
             "cell",
             "quickstart",
-            "rounds=2",
+            "rounds=1",  # the runs' start-up dominates: one round and one actor keep the test short
+            "resources.actors=1",
             "model.name=mlp",
             "local.epochs=4",
             f"out={out}",

@@ -201,7 +201,8 @@ def test_a_synthesis_seed_redraws_d_syn_alone_on_the_same_trajectory(run_tiny):
     from raysim.outputs.run_dir import RunDir
     from tests.test_algorithms import final_weights, server_values
 
-    base, base_dir = run_tiny(**TINY)
+    # the run of the test above (its TensorBoard events change no number): shared, not run again
+    base, base_dir = run_tiny(**{**TINY, "output.tensorboard": True})
     same, same_dir = run_tiny(**TINY, **{"algorithm.synthesis_seed": 0})  # the quickstart's seed
     other, other_dir = run_tiny(**TINY, **{"algorithm.synthesis_seed": 7})
 

@@ -68,7 +68,9 @@ def test_killed_actor_restarts_and_its_tasks_rerun(run_tiny, tmp_path, capsys):
 
 
 def test_sigkilled_run_resumes_to_the_same_numbers(run_tiny, tmp_path):
-    overrides = tiny_overrides(**FAULTY)
+    # in process, as the uninterrupted run (no Ray nor actors to start in either subprocess: the
+    # clients' state is checkpointed and restored by the same client runtime an actor hosts)
+    overrides = tiny_overrides(**FAULTY, **{"resources.in_process": True})
     _, uninterrupted = run_tiny(**FAULTY)
 
     run_dir = tmp_path / "killed"
