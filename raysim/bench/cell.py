@@ -78,7 +78,6 @@ DEFAULTS = {
 }
 TAKES_CONFIG = True  # `raysim bench cell NAME key=value ...`: a config and its overrides
 
-PHASES = PHASE_SECONDS  # in the order printed
 LABELS = {
     "broadcast": "broadcast",
     "clients": "clients (their steps, in parallel)",
@@ -86,7 +85,6 @@ LABELS = {
     "eval": "evaluation",
     "rest": "start-up and outputs",
 }
-COUNTED = PHASE_MACS  # the phases whose multiply-accumulates a run counts (eval.count_macs)
 
 
 @dataclass(frozen=True)
@@ -184,7 +182,7 @@ def timed_run(config, address: str | None) -> dict[str, float]:
         all_rows = run_dir.read_metrics_rows()
         actors = run_dir.read_actors()
     rows = [r for r in all_rows if r["client"] is None]
-    seconds = {phase: sum(r["value"] for r in rows if r["metric"] == metric) for phase, metric in PHASES.items()}
+    seconds = {phase: sum(r["value"] for r in rows if r["metric"] == metric) for phase, metric in PHASE_SECONDS.items()}
     rounds = sum(r["value"] for r in rows if r["metric"] == "round_time_s")
     seconds["rest"] = max(0.0, wall - rounds)
     peaks = summary.get("peak_memory_mb") or {}
@@ -209,7 +207,7 @@ def project(keys: list[WorkKey], first: dict[str, float], second: dict[str, floa
     """Each phase at the full work: a + b * work through the two runs, read at the full values; a phase no
     key changed is the mean of the two (it ran at its full size in both)."""
     out = {}
-    for phase in (*PHASES, "rest"):
+    for phase in (*PHASE_SECONDS, "rest"):
         ratio = phase_ratio(keys, phase)[0] if phase in ("clients", "server") else None
         if ratio is None:
             out[phase] = (first[phase] + second[phase]) / 2
@@ -346,7 +344,7 @@ def rate_rows(run: dict[str, Any], peaks: dict[str, tuple[Any, int]]) -> list[di
     """Per counted phase of `run`: its MACs, seconds, GMAC/s and, where its peak was measured, the
     peak's and the small product's rate for the processes that run it, and its share (%) of the peak."""
     rows = []
-    for phase in COUNTED:
+    for phase in PHASE_MACS:
         macs, seconds = run[f"macs_{phase}"] or 0.0, run[phase]
         rate = macs / seconds / 1e9 if seconds > 0 else None
         peak, at_once = peaks.get(phase) or (None, 1)
