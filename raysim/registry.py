@@ -26,6 +26,7 @@ from raysim.config.parse import build_dataclass
 from raysim.config.schema import DEFAULT_ALGORITHM, AlgorithmSection
 from raysim.errors import RaysimError
 from raysim.plugins import load_object
+from raysim.vectorized import refusal
 
 # Imported by name only: the algorithms import raysim's engine, never the reverse.
 BUILTIN_PACKAGE = "raysim.algorithms"
@@ -137,9 +138,14 @@ def make_algorithm(config):
 
 
 def check_algorithm_config(config) -> None:
-    """The algorithm's checks of the whole config (Algorithm.check_config), before Ray starts."""
+    """The algorithm's checks of the whole config (Algorithm.check_config) and whether its clients can
+    train vectorised (resources.vectorize_clients), before Ray starts."""
     cls, params = class_and_params(config)
     cls.check_config(config, params)
+    if config.resources.vectorize_clients:
+        reason = refusal(config.algorithm.name, cls)
+        if reason is not None:
+            raise RaysimError(reason)
 
 
 def describe_algorithms() -> list[tuple[str, str]]:

@@ -9,7 +9,7 @@ With `resources.vectorize_clients` an actor's clients of a round train together
 (`client_update_batch`, raysim.vectorized): `load_global` and `after_training` run per client as
 they are, and `batch_loss` gives `local_loss` and `grad_hook` in the form one vectorised step
 runs. A subclass that changes `local_loss`, `grad_hook` or `client_update` without the batch
-form is refused that key when its config is read (`check_config`, `vectorized_refusal`).
+form is refused that key when its config is read (`vectorized_refusal`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import Any
 import torch
 
 from raysim.algorithm import Algorithm, ClientData, Context, Reply
-from raysim.errors import need
 from raysim.tensors import load_weights, module_weights, weighted_average
 from raysim.training import GradHook, LossFn, cross_entropy_loss, local_train
-from raysim.vectorized import BatchLoss, ClientRun, refusal, train_together
+from raysim.vectorized import BatchLoss, ClientRun, train_together
 
 
 class FedAvg(Algorithm):
@@ -33,13 +32,6 @@ class FedAvg(Algorithm):
     @dataclass(frozen=True)
     class Params:
         pass
-
-    @classmethod
-    def check_config(cls, config, params) -> None:
-        super().check_config(config, params)
-        if config.resources.vectorize_clients:
-            reason = refusal(config.algorithm.name, cls)
-            need(reason is None, str(reason))
 
     # ------------------------------------------------------------- server
     def server_init(self, model: torch.nn.Module, ctx: Context) -> dict[str, Any]:

@@ -23,12 +23,10 @@ from raysim.config import Config
 from raysim.engine.client_state import ClientStateStore
 from raysim.engine.devices import configure_torch, peak_memory_mb, pick_device
 from raysim.engine.store import object_store
-from raysim.errors import need
 from raysim.macs import counting
 from raysim.seeding import CLIENT_TRAIN, derive_seed, torch_generator
 from raysim.tensors import load_weights, serialized_nbytes
 from raysim.training import evaluate
-from raysim.vectorized import refusal
 
 # resources.vectorize_clients: the most clients trained as one vectorised model. A group's
 # activations are held at once (32 clients at batch 64: the activations of a batch of 2048), so
@@ -66,9 +64,6 @@ class ClientRuntime:
         self.device = pick_device(gpus)
         self.threads = configure_torch(config.resources.cpus_per_actor, self.device, config.resources)
         self.algorithm = algorithm(config.algorithm.params, config)
-        if config.resources.vectorize_clients:  # the FedAvg family refuses it earlier, in its check_config
-            reason = refusal(config.algorithm.name, type(self.algorithm))
-            need(reason is None, str(reason))
         self.ctx = Context(config, spec, self.device, config.model, mean, std)
         self.data: dict[int, tuple[torch.Tensor, torch.Tensor, np.ndarray]] = {}
         for client, idx in client_indices.items():
