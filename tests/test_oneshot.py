@@ -65,7 +65,7 @@ ONE_SHOT = {
     "algorithm.synthesis_batch": 32,
     "algorithm.kd_batch": 32,
     "algorithm.stratify_steps": 10,
-    "algorithm.stratify_batch": 16,
+    "algorithm.stratify_batch": 8,  # 50 generators (5 clients x 10 classes): most of a FedHydra run
     "resources.in_process": True,
 }
 
