@@ -22,12 +22,16 @@ def shared_data(name: str) -> Path:
 
 # Files with the longest end-to-end runs start first, so the two xdist workers finish together.
 LONG_FIRST = (
-    "test_tune.py",
+    "test_algorithms.py",
     "test_oneshot.py",
     "test_engine_features.py",
+    "test_engine.py",
+    "test_reproduce.py",
+    "test_tune.py",
+    "test_faults.py",
+    "test_compiled.py",
     "test_real_data.py",
     "test_dynafed.py",
-    "test_faults.py",
     "test_fedaf.py",
 )
 
