@@ -112,12 +112,22 @@ def test_the_peak_is_a_positive_finite_rate_and_leaves_the_thread_count_as_it_wa
 
 
 def test_the_clients_rate_is_compared_with_the_peak_of_all_their_actors():
-    run = {"clients": 10.0, "server": 2.0, "eval": 0.0, "macs_clients": 40e9, "macs_server": None, "macs_eval": 0.0}
+    """The rates are the run's own (summary.json's gmacs_per_s: tests/test_benchmark.py), set beside
+    the peaks; a phase that ran and counted nothing is at 0, one that did not run has none."""
+    run = {
+        "clients": 10.0,
+        "server": 2.0,
+        "eval": 0.0,
+        "macs_clients": 40e9,
+        "macs_server": None,
+        "macs_eval": 0.0,
+        "gmacs_per_s": {"clients": 4.0},  # 40 GMACs in 10 s of the phase's wall time
+    }
     one_actor = Peak("cpu", 1, "float32", big_gmacs=20.0, small_gmacs=5.0)
     server = Peak("cpu", 2, "float32", big_gmacs=30.0, small_gmacs=4.0)
     peaks = {"clients": (one_actor, 2), "server": (server, 1), "eval": (server, 1)}
     rows = {r["phase"]: r for r in rate_rows(run, peaks)}
-    assert rows["clients"]["gmacs_per_s"] == pytest.approx(4.0)  # 40 GMACs in 10 s of the phase's wall time
+    assert rows["clients"]["gmacs_per_s"] == pytest.approx(4.0)
     assert rows["clients"]["peak_gmacs_per_s"] == pytest.approx(40.0)  # 2 actors at once
     assert rows["clients"]["share_of_peak_pct"] == pytest.approx(10.0)
     assert rows["server"]["gmacs_per_s"] == 0.0  # nothing counted (FedAvg averages)

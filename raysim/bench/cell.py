@@ -192,6 +192,7 @@ def timed_run(config, address: str | None) -> dict[str, float]:
         "peak_clients_mb": peaks.get("clients"),
         "peak_server_mb": peaks.get("server"),
         **counted_macs(all_rows),
+        "gmacs_per_s": summary.get("gmacs_per_s", {}),  # the run's own reading (raysim.outputs.summary)
         "actors": len(actors),
         "actor_gpus": len({gpu for actor in actors for gpu in actor.get("gpu_ids") or []}),
     }
@@ -341,12 +342,14 @@ def phase_peaks(config, run: dict[str, Any]) -> dict[str, tuple[Any, int]]:
 
 
 def rate_rows(run: dict[str, Any], peaks: dict[str, tuple[Any, int]]) -> list[dict[str, Any]]:
-    """Per counted phase of `run`: its MACs, seconds, GMAC/s and, where its peak was measured, the
-    peak's and the small product's rate for the processes that run it, and its share (%) of the peak."""
+    """Per counted phase of `run`: its MACs, seconds, GMAC/s (the run's summary.json reading) and,
+    where its peak was measured, the peak's and the small product's rate for the processes that run
+    it, and its share (%) of the peak."""
     rows = []
     for phase in PHASE_MACS:
         macs, seconds = run[f"macs_{phase}"] or 0.0, run[phase]
-        rate = macs / seconds / 1e9 if seconds > 0 else None
+        # the run states no rate for a phase that ran without counting any MACs (FedAvg's server): 0
+        rate = run["gmacs_per_s"].get(phase, 0.0 if seconds > 0 else None)
         peak, at_once = peaks.get(phase) or (None, 1)
         row = {"phase": phase, "gmacs": macs / 1e9, "seconds": seconds, "gmacs_per_s": rate}
         if peak is not None:
