@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 import yaml
 
+from raysim.algorithm import Algorithm
 from raysim.config import Config, build_dataclass, read_yaml
 from raysim.config.files import ROOT as CONFIGS_ROOT
 from raysim.config.files import resolve
@@ -259,12 +260,24 @@ def datasets_of_tables(tables: list[Table]) -> dict[str, list[str]]:
         for cell, c in table.cells.items():
             for method in table.methods:
                 for scale in c.config:
-                    config = table.config(cell, method, scale, 0, None)
-                    extra = algorithm_class(config.algorithm.name).extra_datasets(config)
-                    for name in [config.dataset.name, *(name for name, _, _ in extra)]:
+                    tree = table.config_tree(cell, method, scale, 0, None)
+                    named = tree.get("algorithm", {}).get("name")
+                    if named is not None and not _reads_extra_datasets(algorithm_class(named)):
+                        # the run's own dataset only: no config to build (the tables hold about a
+                        # thousand runs, and validating each made `raysim data list` take seconds)
+                        names = [tree["dataset"].get("name", "embedded")]
+                    else:
+                        config = config_from_dict(tree)
+                        extra = algorithm_class(config.algorithm.name).extra_datasets(config)
+                        names = [config.dataset.name, *(name for name, _, _ in extra)]
+                    for name in names:
                         if table.name not in used.setdefault(name, []):
                             used[name].append(table.name)
     return used
+
+
+def _reads_extra_datasets(algorithm: type) -> bool:
+    return algorithm.extra_datasets.__func__ is not Algorithm.extra_datasets.__func__
 
 
 def list_tables() -> list[Table]:
