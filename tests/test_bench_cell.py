@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -183,31 +181,18 @@ def test_other_benches_still_refuse_config_overrides(capsys):
     assert "bench option 'rounds=3' unknown" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path):
+@pytest.mark.slow  # two whole (tiny) runs
+def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path, capsys):
+    """The command's two real runs and its projection. In process (the runs' start-up of Ray and its
+    actors would be most of the test's time, and the projection's arithmetic is the same), one round."""
+    from raysim.cli import main
+
     out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "raysim.cli",
-            "bench",
-            "cell",
-            "quickstart",
-            "rounds=1",  # the runs' start-up dominates: one round and one actor keep the test short
-            "resources.actors=1",
-            "model.name=mlp",
-            "local.epochs=4",
-            f"out={out}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "local.epochs (clients): 1, then 2, of 4" in done.stdout
-    assert "projected wall time:" in done.stdout and "peak memory: a client actor" in done.stdout
+    args = ["bench", "cell", "quickstart", "rounds=1", "resources.in_process=true", "model.name=mlp", "local.epochs=4"]
+    assert main([*args, f"out={out}"]) == 0
+    said = capsys.readouterr().out
+    assert "local.epochs (clients): 1, then 2, of 4" in said
+    assert "projected wall time:" in said and "peak memory: the run's process" in said
     result = json.loads(out.read_text())
     first, second = result["runs"]
     assert first["clients"] > 0 and second["clients"] > 0

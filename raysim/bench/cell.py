@@ -240,9 +240,10 @@ def cell(opts: dict) -> None:
     for which in ("first", "second"):
         values = [f"{k.key}={getattr(k, which)}" for k in keys]
         runs.append(load_named_config(opts["config"], [*opts["overrides"], *values, *fixed]))
+    where = "in process" if config.resources.in_process else f"actors {config.resources.actors or 'auto'}"
     print(
         f"bench cell {opts['config']}: {config.algorithm.name}, {config.rounds} rounds, "
-        f"{config.clients.num} clients, actors {config.resources.actors or 'auto'}; two runs at "
+        f"{config.clients.num} clients, {where}; two runs at "
         f"{fraction:g} and {2 * fraction:g} of the work",
         flush=True,
     )
@@ -309,7 +310,9 @@ def report(config, keys: list[WorkKey], measured: list[dict[str, float]], projec
         f"dominated by {LABELS[dominant]} ({100 * projected[dominant] / total:.0f}%)"
     )
     peaks = measured[1]
-    if peaks["peak_clients_mb"] or peaks["peak_server_mb"]:
+    if config.resources.in_process and peaks["peak_clients_mb"]:  # clients and server: this one process
+        lines.append(f"peak memory: the run's process {peaks['peak_clients_mb']:.0f} MiB")
+    elif peaks["peak_clients_mb"] or peaks["peak_server_mb"]:
         shown = [
             f"{who} {peaks[key]:.0f} MiB"
             for who, key in (("a client actor", "peak_clients_mb"), ("the server", "peak_server_mb"))

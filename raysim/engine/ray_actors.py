@@ -24,23 +24,10 @@ from raysim.engine.placement import Engine, assign_clients, server_inputs
 from raysim.engine.ray_session import ray_session  # noqa: F401 (the session a run on Ray opens)
 from raysim.engine.ray_store import RayStore
 from raysim.engine.server import ServerInputs, ServerRuntime
+from raysim.engine.shard_depot import ShardDepot
 from raysim.errors import RaysimError
 from raysim.outputs.callbacks import RoundResult
 from raysim.outputs.run_dir import RunDir
-
-
-@ray.remote(num_cpus=0)
-class ShardDepot:
-    """The references to the training set and to each client actor's client indices, held for the
-    whole run. Client actors look it up by name and read their shard from it, on start and again on
-    a restart. Handing them the references, or this actor's handle, as constructor arguments instead
-    makes Ray warn on every run that a restart might fail (ray-project/ray#53727)."""
-
-    def __init__(self, shards: list[list]):
-        self.shards = shards  # references nested in lists: kept as references, not resolved
-
-    def shard(self, actor_index: int) -> list:
-        return self.shards[actor_index]
 
 
 @ray.remote
