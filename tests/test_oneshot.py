@@ -57,7 +57,7 @@ ONE_SHOT = {
     "partition.kind": "classes",
     "partition.classes_per_client": 2,
     "model.name": "cnn2",
-    "local.epochs": 2,
+    "local.epochs": 1,
     "local.batch_size": 64,
     "algorithm.ngf": 8,
     "algorithm.nz": 32,
