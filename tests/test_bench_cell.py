@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -182,10 +186,14 @@ def test_other_benches_still_refuse_config_overrides(capsys):
 
 
 @pytest.mark.slow  # two whole (tiny) runs
-def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path, capsys):
+def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path, capsys, monkeypatch):
     """The command's two real runs and its projection. In process (the runs' start-up of Ray and its
     actors would be most of the test's time, and the projection's arithmetic is the same), one round."""
     from raysim.cli import main
+
+    temporary = tmp_path / "tmp"  # the runs' folders go here, apart from other processes' (tempfile.gettempdir)
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
 
     out = tmp_path / "bench.json"
     args = ["bench", "cell", "quickstart", "rounds=1", "resources.in_process=true", "model.name=mlp", "local.epochs=4"]
@@ -203,7 +211,21 @@ def test_bench_cell_end_to_end_projects_the_whole_run(tmp_path, capsys):
     assert result["projected_s"]["clients"] == pytest.approx(second["clients"] + growth * (4 - 2))
     assert result["projected_wall_s"] == pytest.approx(sum(result["projected_s"].values()))
     assert 100 < first["peak_clients_mb"] < 16_000
-    assert not list(Path("/tmp").glob("raysim-bench-cell-*"))  # the runs' folders are gone
+    assert not list(temporary.glob("raysim-bench-cell-*"))  # the runs' folders are gone
+
+
+def test_a_killed_bench_cells_run_folder_is_removed_by_the_next_and_a_running_ones_kept(tmp_path):
+    """A cell killed with its process group exits from inside Ray and leaves its run's folder."""
+    from raysim.bench.cell import RUN_FOLDER_PREFIX, remove_dead_runs_folders
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{RUN_FOLDER_PREFIX}{gone.pid}-abc"
+    alive = tmp_path / f"{RUN_FOLDER_PREFIX}{os.getpid()}-def"
+    for folder in (dead, alive):
+        (folder / "run").mkdir(parents=True)
+    remove_dead_runs_folders(tmp_path)
+    assert not dead.exists() and alive.exists()
 
 
 def test_config_loading_error_is_a_raysim_error():

@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -170,11 +171,36 @@ def phase_ratio(keys: list[WorkKey], phase: str) -> tuple[float | None, bool]:
     return mean, max(ratios) > 1.1 * min(ratios)
 
 
+RUN_FOLDER_PREFIX = "raysim-bench-cell-"
+
+
+def remove_dead_runs_folders(under: Path | None = None) -> None:
+    """Remove the temporary run folders of bench cells whose process is gone. A cell killed with its
+    process group (`timeout`, Ctrl-C in a shell) loses Ray's raylet, and the driver then exits from
+    inside Ray without unwinding, so its folder - a whole run's outputs - outlives it. The folder's
+    name carries its process id; a folder whose process still runs (another bench cell) is kept."""
+    for folder in Path(under or tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*-*"):
+        pid = folder.name[len(RUN_FOLDER_PREFIX) :].split("-", 1)[0]
+        if folder.is_dir() and not folder.is_symlink() and pid.isdigit() and not _process_runs(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _process_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def timed_run(config, address: str | None) -> dict[str, float]:
     """One real run in a temporary folder: each phase's seconds summed over the rounds, the command's
     wall time, and the peak memory."""
 
-    with tempfile.TemporaryDirectory(prefix="raysim-bench-cell-") as folder:
+    remove_dead_runs_folders()
+    with tempfile.TemporaryDirectory(prefix=f"{RUN_FOLDER_PREFIX}{os.getpid()}-") as folder:
         run_dir = RunDir(Path(folder) / "run")
         started = time.perf_counter()
         summary = run_experiment(config, run_dir, address, experiment=prepare(config))
