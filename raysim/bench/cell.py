@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 import yaml
 
@@ -181,25 +182,14 @@ def remove_dead_runs_folders(under: Path | None = None) -> None:
     name carries its process id; a folder whose process still runs (another bench cell) is kept."""
     for folder in Path(under or tempfile.gettempdir()).glob(f"{RUN_FOLDER_PREFIX}*-*"):
         pid = folder.name[len(RUN_FOLDER_PREFIX) :].split("-", 1)[0]
-        if folder.is_dir() and not folder.is_symlink() and pid.isdigit() and not _process_runs(int(pid)):
+        if folder.is_dir() and not folder.is_symlink() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _process_runs(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def timed_run(config, address: str | None) -> dict[str, float]:
     """One real run in a temporary folder: each phase's seconds summed over the rounds, the command's
     wall time, and the peak memory."""
 
-    remove_dead_runs_folders()
     with tempfile.TemporaryDirectory(prefix=f"{RUN_FOLDER_PREFIX}{os.getpid()}-") as folder:
         run_dir = RunDir(Path(folder) / "run")
         started = time.perf_counter()
@@ -257,6 +247,7 @@ def cell(opts: dict) -> None:
     if not 0 < fraction <= 0.5:
         raise RaysimError(f"bench cell: fraction={opts['fraction']} must be a number in (0, 0.5]")
     check_cell_name(opts["config"], "raysim bench cell")  # a cell's scale is its name's last part here
+    remove_dead_runs_folders()
     config = load_named_config(opts["config"], opts["overrides"])
     keys = work_keys(config, fraction)
     fixed = [f"{k}={v}" for k, v in work_of(algorithm_class(config.algorithm.name)).overrides.items()]
