@@ -33,6 +33,7 @@ from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search.basic_variant import BasicVariantGenerator
 
 from raysim.config import ResourcesConfig, dump_config
+from raysim.engine import actor_pool
 from raysim.engine.ray_session import ray_session
 from raysim.errors import RaysimError, user_message
 from raysim.outputs.callbacks import Callback, RoundResult
@@ -270,6 +271,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, address: str | None = None, restore
         )
         base_resources = dataclasses.replace(base_resources, address=None)
     with ray_session(base_resources, address):
+        actor_pool.clear()  # actors kept from earlier runs of this driver would hold the trials' CPUs
         plan_trial_actors(sweep)
         check_sweep_fits(sweep)
         with KeepSigned(sweep_dir, TUNE_DIR):  # so that only this user's --resume restores it

@@ -87,7 +87,11 @@ def empty_data_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def ray_session():
+    """Ray for the whole session, with client actors kept between the runs of the session's tests
+    (raysim.engine.actor_pool: each new actor costs seconds of CPU to import torch)."""
     import ray
+
+    from raysim.engine.actor_pool import reusing_actors
 
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     # One logical GPU lets the tests schedule fractional-GPU actors on this CPU machine.
@@ -99,7 +103,8 @@ def ray_session():
         object_store_memory=400 * 2**20,
         logging_level="ERROR",
     )
-    yield ray
+    with reusing_actors():
+        yield ray
     ray.shutdown()
 
 
@@ -162,9 +167,10 @@ def _tiny_runs():
 def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
     """Run a tiny experiment on the shared Ray; returns (summary, run_dir). Treat the run as read-only.
 
-    Runs are in process (`resources.in_process`: no actor start-up, about 8 s of CPU per actor
-    on 2 cores) unless the test asks for `resources.in_process=False`; engine tests do, and one
-    checks that both give the same numbers. The other tests of equal numbers across actor counts
+    Runs are in process (`resources.in_process`: no actors, no object store round trips between
+    processes) unless the test asks for `resources.in_process=False`; engine tests do, and one
+    checks that both give the same numbers. Runs on actors take the actors kept by the session's
+    earlier runs (the `ray_session` fixture). The other tests of equal numbers across actor counts
     compare two actors with an in-process run: the one client runtime a single actor would host,
     on the same code path (tests/test_engine.py also runs a single Ray actor). Runs are
     deterministic, so a run with the same overrides is done once per session and shared.

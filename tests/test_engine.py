@@ -31,6 +31,41 @@ def test_same_numbers_with_one_or_two_actors_or_in_process(run_tiny):
     assert yaml.safe_load((here / "actors.yaml").read_text())[0]["device"] == "cpu (in process)"
 
 
+def test_kept_actors_give_the_numbers_of_new_ones_whatever_they_ran_before(ray_session, tmp_path):
+    """Within the session's reusing_actors (raysim.engine.actor_pool) a run's client actors are kept
+    for the next run of the same resources: FedAvg on the actors kept from a FedProx run gives the
+    numbers of FedAvg on new actors (resources.reuse_actors=false) and starts none; the actors of a
+    run that fails are stopped, not kept."""
+    from raysim.engine.actor_pool import idle_actors
+    from raysim.experiment import load_config
+    from raysim.outputs.callbacks import Callback
+    from raysim.runner import run_experiment
+    from tests.conftest import tiny_overrides
+
+    def run(name, callbacks=(), **overrides):
+        config = load_config(ROOT / "configs/quickstart.yaml", tiny_overrides(**ACTORS, seed=7, **overrides))
+        run_experiment(config, tmp_path / name, callbacks=list(callbacks))
+        return tmp_path / name
+
+    class Interrupted(Exception):
+        pass
+
+    class FailAfterRound1(Callback):
+        def on_round_end(self, result):
+            raise Interrupted
+
+    new = run("new", **{"resources.reuse_actors": False})
+    run("fedprox", **{"algorithm.name": "fedprox", "algorithm.mu": 0.1})
+    after_fedprox = set(idle_actors())
+    kept = run("kept")
+    assert len(after_fedprox) >= 2 and set(idle_actors()) == after_fedprox  # none started, none lost
+    for metric in ("accuracy", "loss", "bytes_up"):
+        assert server_metric(kept, metric) == server_metric(new, metric), metric
+    with pytest.raises(Interrupted):
+        run("failed", callbacks=[FailAfterRound1()])
+    assert len(idle_actors()) == len(after_fedprox) - 2
+
+
 def test_an_in_process_run_needs_no_ray(run_tiny, tmp_path):
     """resources.in_process imports no Ray: with Ray made unimportable, the command runs a tiny
     config to the same numbers as the in-process run of the test session."""

@@ -15,14 +15,14 @@ from raysim.engine.server import ServerInputs
 @dataclass
 class Engine:
     """The run's server and client actors (handles, or InProcess stand-ins), the object store their
-    calls answer through, what keeps the shared arrays (and the depot that hands them out) alive for
-    the run, and how to stop them."""
+    calls answer through, what keeps the shared arrays alive for the run, and how to stop them
+    (`stop(failed)`: a failed run's actors are never kept for the next run)."""
 
     server: Any
     actors: list
     store: Any
     keep: list = field(default_factory=list)
-    stop: Callable[[], None] = lambda: None
+    stop: Callable[[bool], None] = lambda failed: None
 
 
 def assign_clients(sizes: list[int], actors: int) -> dict[int, int]:

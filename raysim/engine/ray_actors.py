@@ -2,12 +2,14 @@
 shards, and how many actors a cluster holds and where they go. Imported only by a run that starts
 actors (through raysim.engine.ray_side), so that an in-process run needs no Ray installed.
 
-Each client actor holds a fixed shard of clients (raysim.engine.placement.assign_clients); the
-server and the depot live on the driver's node.
+Each client actor holds a fixed shard of clients (raysim.engine.placement.assign_clients), read
+from its slot of the depot; the server and the depot live on the driver's node. Within
+`reusing_actors()` (raysim.engine.actor_pool) client actors are kept for the driver's next run.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import sys
 import uuid
@@ -16,9 +18,12 @@ from typing import Any
 
 import numpy as np
 import ray
+import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from raysim.config import Config, ResourcesConfig
+from raysim.engine import actor_pool
+from raysim.engine.actor_pool import reusing_actors  # noqa: F401 (what raysim reproduce opens)
 from raysim.engine.client_runtime import ClientRuntime
 from raysim.engine.placement import Engine, assign_clients, server_inputs
 from raysim.engine.ray_session import ray_session  # noqa: F401 (the session a run on Ray opens)
@@ -32,12 +37,41 @@ from raysim.outputs.run_dir import RunDir
 
 @ray.remote
 class ClientActor:
-    def __init__(self, config, algorithm, spec, depot_name: str, actor_index: int, *args, **kwargs):
-        refs = ray.get(ray.get_actor(depot_name).shard.remote(actor_index))
-        train_x, train_y, client_indices, held_out = ray.get(refs)
-        self.runtime = ClientRuntime(
-            config, algorithm, spec, train_x, train_y, client_indices, *args, validation_indices=held_out, **kwargs
+    """The clients of slot `slot` of the depot named `depot_name`: built on start, on a restart, and
+    at `load` when a kept actor is given the next run's clients (raysim.engine.actor_pool)."""
+
+    def __init__(self, depot_name: str, slot: int):
+        self.depot_name, self.slot = depot_name, slot
+        self.runtime: ClientRuntime | None = None
+        self.load()
+
+    def load(self) -> None:
+        self.unload()  # the previous run's clients freed before the next ones are built
+        refs = ray.get(ray.get_actor(self.depot_name).shard.remote(self.slot))
+        if refs is None:  # a kept actor restarted while idle: it is given its next run by `load`
+            return
+        (config, algorithm, spec, mean, std, state_dir, gpus), train_x, train_y, client_indices, held_out = ray.get(
+            refs
         )
+        self.runtime = ClientRuntime(
+            config,
+            algorithm,
+            spec,
+            train_x,
+            train_y,
+            client_indices,
+            mean,
+            std,
+            state_dir,
+            gpus,
+            validation_indices=held_out,
+        )
+
+    def unload(self) -> None:
+        if self.runtime is not None:
+            cuda = self.runtime.device.type == "cuda"
+            self.runtime = None
+            _free(cuda)
 
     def info(self) -> dict[str, Any]:
         context = ray.get_runtime_context()
@@ -52,10 +86,31 @@ class ClientActor:
         yield from self.runtime.run_clients(round_index, clients, payload, parts, chunk_bytes)
 
 
+def _free(cuda: bool) -> None:
+    """What a kept actor's last run held, freed before it is given the next."""
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
 @ray.remote
 class ServerActor:
-    def __init__(self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict):
+    """The run's server, built on start or, for a kept actor, at `load` (raysim.engine.actor_pool)."""
+
+    def __init__(self, *run):
+        self.runtime: ServerRuntime | None = None
+        if run:
+            self.load(*run)
+
+    def load(self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict) -> None:
+        self.unload()
         self.runtime = ServerRuntime(config, inputs, run_dir, actors, client_actor)
+
+    def unload(self) -> None:
+        if self.runtime is not None:
+            cuda = self.runtime.device.type == "cuda"
+            self.runtime = None
+            _free(cuda)
 
     def completed_rounds(self) -> int:
         return self.runtime.completed_rounds()
@@ -128,8 +183,12 @@ def start_on_ray(config: Config, exp: Any, run_dir: RunDir) -> Engine:
     check_resources(res, num_actors)
     owner = assign_clients([len(idx) for idx in exp.parts], num_actors)
     train_x, train_y = ray.put(exp.dataset.train_x), ray.put(exp.dataset.train_y)
+    arguments = ray.put(
+        (config, exp.algorithm, exp.spec, exp.mean, exp.std, str(run_dir.client_state_dir), res.gpus_per_actor)
+    )
     shards = [
         [
+            arguments,
             train_x,
             train_y,
             ray.put({k: exp.parts[k] for k in sorted(owner) if owner[k] == a}),
@@ -140,24 +199,64 @@ def start_on_ray(config: Config, exp: Any, run_dir: RunDir) -> Engine:
     # The server and the depot live on the driver's node, so the run directory is written where the
     # user looks and the shards stay reachable while the driver runs.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    depot_name = f"raysim-shards-{uuid.uuid4().hex}"
-    depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote(shards)
-    state_dir = str(run_dir.client_state_dir)
     placement = client_placement()
-    actors = [
-        ClientActor.options(
-            num_cpus=res.cpus_per_actor,
-            num_gpus=res.gpus_per_actor,
-            max_restarts=res.max_restarts,
-            max_task_retries=res.max_task_retries,
-            scheduling_strategy=placement,
-        ).remote(config, exp.algorithm, exp.spec, depot_name, a, exp.mean, exp.std, state_dir, res.gpus_per_actor)
-        for a in range(num_actors)
-    ]
-    server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(
-        config, server_inputs(exp), run_dir, actors, owner
-    )
-    return Engine(server, actors, RayStore(), keep=[depot, shards], stop=lambda: _kill([server, *actors, depot]))
+    kind = ("client", res.cpus_per_actor, res.gpus_per_actor, res.max_restarts, res.max_task_retries)
+    kind += (res.deterministic, res.tf32)
+    server_kind = ("server", res.server_gpus, res.deterministic, res.tf32)
+    # a Tune trial's actors live in its bundles
+    pooled = res.reuse_actors and actor_pool.active() and placement == "SPREAD"
+    if pooled:
+        depot, depot_name, slots = actor_pool.take(kind, num_actors, here)
+        ((server_slot, server),) = actor_pool.take(server_kind, 1, here)[2]
+    else:
+        actor_pool.stop_idle()
+        depot_name = f"raysim-shards-{uuid.uuid4().hex}"
+        depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote()
+        slots, server = [(a, None) for a in range(num_actors)], None
+    ray.get([depot.assign.remote(slot, shard) for (slot, _), shard in zip(slots, shards)])
+    options = {
+        "num_cpus": res.cpus_per_actor,
+        "num_gpus": res.gpus_per_actor,
+        "max_restarts": res.max_restarts,
+        "max_task_retries": res.max_task_retries,
+        "scheduling_strategy": placement,
+    }
+    kept = [handle for _, handle in slots if handle is not None]
+    slots = [(slot, handle or ClientActor.options(**options).remote(depot_name, slot)) for slot, handle in slots]
+    actors = [handle for _, handle in slots]
+    loading = [handle.load.remote() for handle in kept]
+    run = (config, server_inputs(exp), run_dir, actors, owner)
+    if pooled:  # a kept server, or a new one to keep, is given the run by `load`
+        server = server or ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote()
+        loading.append(server.load.remote(*run))
+    else:
+        server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(*run)
+
+    def stop(failed: bool) -> None:
+        if pooled:
+            actor_pool.give_back(kind, slots, reusable=not failed)
+            actor_pool.give_back(server_kind, [(server_slot, server)], reusable=not failed)
+        else:
+            _kill([server, *actors, depot])
+
+    engine = Engine(server, actors, RayStore(), keep=[shards], stop=stop)
+    try:
+        _load(loading)
+    except BaseException:
+        stop(failed=True)
+        raise
+    return engine
+
+
+def _load(loading: list) -> None:
+    """Kept actors build the run's clients and server before its first round; an error there is the
+    run's error as it would be from a new actor's start (one line for raysim's own)."""
+    try:
+        ray.get(loading)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, RaysimError):
+            raise exc.cause from None
+        raise
 
 
 def _kill(handles: list) -> None:

@@ -12,13 +12,21 @@ import ray
 
 @ray.remote(num_cpus=0)
 class ShardDepot:
-    """The references to the training set and to each client actor's client indices, held for the
-    whole run. Client actors look it up by name and read their shard from it, on start and again on
-    a restart. Handing them the references, or this actor's handle, as constructor arguments instead
-    makes Ray warn on every run that a restart might fail (ray-project/ray#53727)."""
+    """What each client actor slot holds in the current run: the references to its constructor's
+    arguments, the training set and its clients' indices. A client actor looks the depot up by name
+    and reads its slot from it on start, on a restart, and when a kept actor is given the next run's
+    clients (raysim.engine.actor_pool). Handing actors the references, or this actor's handle, as
+    constructor arguments instead makes Ray warn on every run that a restart might fail
+    (ray-project/ray#53727), and a kept actor's restart would rebuild its first run."""
 
-    def __init__(self, shards: list[list]):
-        self.shards = shards  # references nested in lists: kept as references, not resolved
+    def __init__(self, shards: dict[int, list] | None = None):
+        self.shards = dict(shards or {})  # references nested in lists: kept as references, not resolved
 
-    def shard(self, actor_index: int) -> list:
-        return self.shards[actor_index]
+    def assign(self, slot: int, shard: list) -> None:
+        self.shards[slot] = shard
+
+    def release(self, slot: int) -> None:
+        self.shards.pop(slot, None)
+
+    def shard(self, slot: int) -> list:
+        return self.shards.get(slot)  # None: the slot was emptied (its actor kept idle)

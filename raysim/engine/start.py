@@ -32,8 +32,10 @@ def running_engine(config: Config, exp: Any, run_dir: RunDir, address: str | Non
         engine = ray_actors.start_on_ray(config, exp, run_dir)
         try:
             yield engine
-        finally:
-            engine.stop()
+        except BaseException:
+            engine.stop(failed=True)  # a failed run's actors are not kept for another run
+            raise
+        engine.stop(failed=False)
 
 
 def _in_process(config: Config, exp: Any, run_dir: RunDir) -> Engine:

@@ -101,6 +101,7 @@ NEUTRAL_KEYS = {
     "eval.count_macs",
     "resources.actors",
     "resources.in_process",
+    "resources.reuse_actors",
     "resources.address",
     "resources.num_cpus",
     "resources.num_gpus",
@@ -247,7 +248,12 @@ def execute(
         return []
     failures: list[tuple[PlannedRun, str]] = []
     in_process = all(run.config.resources.in_process for run in todo)  # no Ray then: none started
-    with nullcontext() if in_process else ray_side().ray_session(todo[0].config.resources, address):
+    actors = None if in_process else ray_side()
+    # the runs' client actors kept from one run to the next (raysim.engine.actor_pool)
+    with (
+        nullcontext() if actors is None else actors.ray_session(todo[0].config.resources, address),
+        nullcontext() if actors is None else actors.reusing_actors(),
+    ):
         fit = slots(todo)
         width = min(parallel or fit, fit)
         if parallel and parallel > fit:
