@@ -167,7 +167,7 @@ def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
     assert len(rows) == 1 and rows.items() <= measured(smoke[0]).items(), rows  # an uninterrupted run's figures
 
 
-def test_runs_side_by_side_give_the_numbers_of_runs_one_after_another(tmp_path, monkeypatch, capsys):
+def test_runs_side_by_side_give_the_numbers_of_runs_one_after_another(ray_session, tmp_path, monkeypatch, capsys):
     table = tmp_path / "pair.yaml"
     table.write_text(
         """
@@ -184,14 +184,13 @@ methods:
   fedprox: {algorithm: {name: fedprox, mu: 0.01}}
 """
     )
-    side = reproduce(str(table), "--out", str(tmp_path / "side"))
-    assert side.returncode == 0, side.stderr[-3000:]
-    assert "2 runs, 2 side by side" in side.stderr
-    # one after another in process, the command in this one too (no second Ray, no actors to start:
-    # a setting that changes no number)
+    # both in this process: side by side on the session's Ray (2 CPUs: two runs of one actor fit), then
+    # one after another in process (no actors: a setting that changes no number)
     from raysim.cli import main
 
     monkeypatch.chdir(ROOT)
+    assert main(["reproduce", str(table), "--out", str(tmp_path / "side")]) == 0
+    assert "2 runs, 2 side by side" in capsys.readouterr().err
     assert main(["reproduce", str(table), "--out", str(tmp_path / "one"), "--parallel", "1", IN_PROCESS]) == 0
     assert "side by side" not in capsys.readouterr().err
     assert measured(tmp_path / "side") == measured(tmp_path / "one")
