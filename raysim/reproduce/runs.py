@@ -179,8 +179,9 @@ def slots(runs: list[PlannedRun]) -> int:
 class TableProgress:
     """One line per run over the whole table: which run, how it ended, time spent and left."""
 
-    def __init__(self, total: int, parallel: int, stream=sys.stderr):
-        self.total, self.parallel, self.stream = total, parallel, stream
+    def __init__(self, total: int, parallel: int, stream=None):
+        # stderr as it is now (not as it was at import: a caller may have replaced it since)
+        self.total, self.parallel, self.stream = total, parallel, stream or sys.stderr
         self.done, self.started = 0, time.perf_counter()
         self.run_seconds: list[float] = []
         self.lock = threading.Lock()
