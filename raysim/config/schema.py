@@ -124,9 +124,9 @@ class ResourcesConfig:
     in_process: bool = False
     # Each actor's clients of a round train together as one vectorised model (raysim.vectorized)
     vectorize_clients: bool = False
-    # Where a driver runs several runs (raysim reproduce), client actors are kept for its next run of
-    # the same resources instead of being started again (raysim.engine.actor_pool); false: a run's
-    # actors end with it. The numbers are the same either way.
+    # Where a driver runs several runs (raysim reproduce), client and server actors are kept for its
+    # next run of the same resources instead of being started again (raysim.engine.actor_pool);
+    # false: a run's actors end with it. The numbers are the same either way.
     reuse_actors: bool = True
 
 

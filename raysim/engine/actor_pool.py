@@ -7,13 +7,16 @@ their Ray session. Elsewhere (a single `raysim run`, a notebook's own Ray, a Tun
 actors end with it, so that idle actors never hold CPUs that the user's other Ray work needs.
 Within it, the actors of a run that ended normally are kept idle, their clients or server state
 dropped, for the next run asking for the same kind (a role, `client` or `server`, and its CPU and
-GPU share, restarts, CUDA determinism and TF32, which a process cannot take back); those of a run
-that failed are stopped, as are idle actors of another kind when a run takes actors of a role, and
-all idle ones when a run starts actors it will not keep (they would hold the CPUs it needs). A
+GPU share, restarts, CUDA determinism, TF32 and compiling, which a process cannot take back); those
+of a run that failed are stopped, as are the idle actors of a role that a run taking actors of it
+does not take, and all idle ones when a run starts actors it will not keep (they would hold the CPU
+and GPU shares it needs). A
 sweep stops the idle ones (`clear`) before its trials reserve the cluster.
 
 Results do not depend on it: a kept actor builds the next run's clients or server from that run's
-config, its torch settings included, as a new one does. A client actor reads what it holds from a
+config, its torch settings included, as a new one does, with its compiled graphs dropped and its
+peak memory reset (raysim.engine.devices.reset_peak_memory), so that the run's reported peak is its
+own. A client actor reads what it holds from a
 slot of the depot (raysim.engine.shard_depot), on start, on a restart and when it is given the next
 run.
 """
@@ -54,8 +57,8 @@ _pool: _Pool | None = None
 
 @contextmanager
 def reusing_actors() -> Iterator[None]:
-    """Within the block, client actors are kept between runs (see the module); on leaving it, the
-    idle ones are stopped."""
+    """Within the block, client and server actors are kept between runs (see the module); on
+    leaving it, the idle ones are stopped."""
     global _depth
     with _lock:
         _depth += 1
@@ -99,10 +102,11 @@ def stop_idle() -> None:
         _kill(stale)
 
 
-def take(kind: Kind, count: int, scheduling_strategy: Any) -> tuple[Any, str, list[tuple[int, Any]]]:
-    """The depot, its name and `count` slots for a run's actors of `kind` (its first item: the
+def take(kind: Kind, count: int, scheduling_strategy: Any) -> tuple[_Pool, list[tuple[int, Any]]]:
+    """The pool (its depot) and `count` slots for a run's actors of `kind` (its first item: the
     role): (slot, kept actor) for as many kept actors of `kind` as there are, (slot, None) for the
-    ones to start."""
+    ones to start. Idle actors of the role that the run does not take are stopped: they would hold
+    CPU or GPU shares that the run's new actors may need."""
     global _pool
     with _lock:
         if _pool is None or not _alive(_pool):
@@ -110,31 +114,31 @@ def take(kind: Kind, count: int, scheduling_strategy: Any) -> tuple[Any, str, li
             depot = ShardDepot.options(name=name, scheduling_strategy=scheduling_strategy).remote()
             _pool = _Pool(ray.get_runtime_context().get_node_id(), depot, name)
         pool, role = _pool, kind[0]
-        stale = []
-        if pool.kinds.get(role) != kind:
-            stale = [handle for _, handle in pool.idle.get(role, [])]
-            pool.idle[role], pool.kinds[role] = [], kind
-        idle = pool.idle.setdefault(role, [])
-        kept, pool.idle[role] = idle[:count], idle[count:]
+        idle = pool.idle.get(role, [])
+        kept, stale = (idle[:count], idle[count:]) if pool.kinds.get(role) == kind else ([], idle)
+        pool.idle[role], pool.kinds[role] = [], kind
         fresh = [(pool.next_slot + i, None) for i in range(count - len(kept))]
         pool.next_slot += len(fresh)
-    _kill(stale)
-    return pool.depot, pool.depot_name, kept + fresh
+    _kill([handle for _, handle in stale])
+    return pool, kept + fresh
 
 
-def give_back(kind: Kind, slots: list[tuple[int, Any]], reusable: bool) -> None:
-    """A run's actors of `kind` when it ends: kept idle, what they held dropped, if the run ended
-    normally and the pool still keeps `kind`; else stopped. Their slots are emptied either way."""
+def give_back(pool: _Pool, kind: Kind, slots: list[tuple[int, Any]], reusable: bool) -> None:
+    """A run's actors of `kind`, taken from `pool`, when the run ends: kept idle, what they held
+    dropped, if the run ended normally and the pool is still the one in use and keeps `kind`; else
+    stopped. Their slots are emptied either way. The depot's release and the actors' unload are
+    sent before the actors are idle again, so that another run taking them (runs side by side)
+    sends its assign and load after them (Ray keeps the order of one process's calls to an actor)."""
     with _lock:
-        pool = _pool
-        keep = reusable and pool is not None and pool.kinds.get(kind[0]) == kind and _alive(pool)
+        alive = _alive(pool)
+        keep = reusable and pool is _pool and alive and pool.kinds.get(kind[0]) == kind
+        if alive:
+            for slot, handle in slots:
+                pool.depot.release.remote(slot)
+                if keep:
+                    handle.unload.remote()
         if keep:
             pool.idle.setdefault(kind[0], []).extend(slots)
-    if pool is not None and _alive(pool):
-        for slot, handle in slots:
-            pool.depot.release.remote(slot)
-            if keep:
-                handle.unload.remote()
     if not keep:
         _kill([handle for _, handle in slots])
 

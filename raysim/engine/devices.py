@@ -59,12 +59,42 @@ def configure_torch(cpus: float, device: torch.device, resources: ResourcesConfi
     return threads
 
 
+# Whether this process's peak so far covers its current run only: false once a kept actor
+# (raysim.engine.actor_pool) is given another run on a platform whose peak cannot be reset.
+_peak_is_this_runs = True
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start this process's peak memory afresh, for a kept actor's next run: on CUDA the allocator's
+    peak; on Linux the peak resident set (`/proc/self/clear_refs`, 5). Elsewhere the peak cannot be
+    reset and `peak_memory_mb` says None from now on rather than an earlier run's peak."""
+    global _peak_is_this_runs
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        _peak_is_this_runs = False
+
+
 def peak_memory_mb(device: torch.device) -> float | None:
-    """This process's peak memory so far, in MiB: on CUDA the most the caching allocator held for
-    tensors, on a CPU the peak resident set (the whole process: Python, Ray worker, data, tensors).
-    None where the platform does not say (no `resource` module)."""
+    """This process's peak memory since its run began, in MiB: on CUDA the most the caching
+    allocator held for tensors, on a CPU the peak resident set (the whole process: Python, Ray
+    worker, data, tensors). None where the platform does not say (no `resource` module), or where
+    the process ran another run before and its peak could not be reset (`reset_peak_memory`)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    if not _peak_is_this_runs:
+        return None
+    try:  # Linux: VmHWM, which reset_peak_memory resets (ru_maxrss is never reset)
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**10  # kB
+    except OSError:
+        pass
     if resource is None:
         return None
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

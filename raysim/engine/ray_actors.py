@@ -4,7 +4,8 @@ actors (through raysim.engine.ray_side), so that an in-process run needs no Ray 
 
 Each client actor holds a fixed shard of clients (raysim.engine.placement.assign_clients), read
 from its slot of the depot; the server and the depot live on the driver's node. Within
-`reusing_actors()` (raysim.engine.actor_pool) client actors are kept for the driver's next run.
+`reusing_actors()` (raysim.engine.actor_pool) client and server actors are kept for the driver's
+next run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from raysim.config import Config, ResourcesConfig
 from raysim.engine import actor_pool
 from raysim.engine.actor_pool import reusing_actors  # noqa: F401 (what raysim reproduce opens)
 from raysim.engine.client_runtime import ClientRuntime
+from raysim.engine.devices import reset_peak_memory
 from raysim.engine.placement import Engine, assign_clients, server_inputs
 from raysim.engine.ray_session import ray_session  # noqa: F401 (the session a run on Ray opens)
 from raysim.engine.ray_store import RayStore
@@ -69,9 +71,9 @@ class ClientActor:
 
     def unload(self) -> None:
         if self.runtime is not None:
-            cuda = self.runtime.device.type == "cuda"
+            device, compiled = self.runtime.device, self.runtime.config.resources.compile
             self.runtime = None
-            _free(cuda)
+            _free(device, compiled)
 
     def info(self) -> dict[str, Any]:
         context = ray.get_runtime_context()
@@ -86,11 +88,16 @@ class ClientActor:
         yield from self.runtime.run_clients(round_index, clients, payload, parts, chunk_bytes)
 
 
-def _free(cuda: bool) -> None:
-    """What a kept actor's last run held, freed before it is given the next."""
+def _free(device: torch.device, compiled: bool) -> None:
+    """What a kept actor's last run held, freed before it is given the next: its tensors, its
+    compiled graphs (which count toward Dynamo's recompile limit, raysim.compiled) and its peak
+    memory, so that the next run's reported peak is its own."""
     gc.collect()
-    if cuda:
+    if compiled:
+        torch._dynamo.reset()
+    if device.type == "cuda":
         torch.cuda.empty_cache()
+    reset_peak_memory(device)
 
 
 @ray.remote
@@ -108,9 +115,9 @@ class ServerActor:
 
     def unload(self) -> None:
         if self.runtime is not None:
-            cuda = self.runtime.device.type == "cuda"
+            device, compiled = self.runtime.device, self.runtime.config.resources.compile
             self.runtime = None
-            _free(cuda)
+            _free(device, compiled)
 
     def completed_rounds(self) -> int:
         return self.runtime.completed_rounds()
@@ -200,52 +207,58 @@ def start_on_ray(config: Config, exp: Any, run_dir: RunDir) -> Engine:
     # user looks and the shards stay reachable while the driver runs.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     placement = client_placement()
-    kind = ("client", res.cpus_per_actor, res.gpus_per_actor, res.max_restarts, res.max_task_retries)
-    kind += (res.deterministic, res.tf32)
-    server_kind = ("server", res.server_gpus, res.deterministic, res.tf32)
+    # what a kept actor shares with the next run: its actor options and the process-wide settings
+    # that a process cannot take back (CUDA determinism, TF32, compiled graphs)
+    settings = (res.deterministic, res.tf32, res.compile)
+    kind = ("client", res.cpus_per_actor, res.gpus_per_actor, res.max_restarts, res.max_task_retries, *settings)
+    server_kind = ("server", res.server_gpus, *settings)
     # a Tune trial's actors live in its bundles
     pooled = res.reuse_actors and actor_pool.active() and placement == "SPREAD"
     if pooled:
-        depot, depot_name, slots = actor_pool.take(kind, num_actors, here)
-        ((server_slot, server),) = actor_pool.take(server_kind, 1, here)[2]
+        pool, slots = actor_pool.take(kind, num_actors, here)
+        ((server_slot, server),) = actor_pool.take(server_kind, 1, here)[1]
+        depot, depot_name = pool.depot, pool.depot_name
     else:
         actor_pool.stop_idle()
         depot_name = f"raysim-shards-{uuid.uuid4().hex}"
         depot = ShardDepot.options(name=depot_name, scheduling_strategy=here).remote()
         slots, server = [(a, None) for a in range(num_actors)], None
-    ray.get([depot.assign.remote(slot, shard) for (slot, _), shard in zip(slots, shards)])
-    options = {
-        "num_cpus": res.cpus_per_actor,
-        "num_gpus": res.gpus_per_actor,
-        "max_restarts": res.max_restarts,
-        "max_task_retries": res.max_task_retries,
-        "scheduling_strategy": placement,
-    }
-    kept = [handle for _, handle in slots if handle is not None]
-    slots = [(slot, handle or ClientActor.options(**options).remote(depot_name, slot)) for slot, handle in slots]
-    actors = [handle for _, handle in slots]
-    loading = [handle.load.remote() for handle in kept]
-    run = (config, server_inputs(exp), run_dir, actors, owner)
-    if pooled:  # a kept server, or a new one to keep, is given the run by `load`
-        server = server or ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote()
-        loading.append(server.load.remote(*run))
-    else:
-        server = ServerActor.options(num_cpus=0, num_gpus=res.server_gpus, scheduling_strategy=here).remote(*run)
+    started: list = []  # the actors this run started, stopped should it fail before its engine exists
 
     def stop(failed: bool) -> None:
         if pooled:
-            actor_pool.give_back(kind, slots, reusable=not failed)
-            actor_pool.give_back(server_kind, [(server_slot, server)], reusable=not failed)
+            actor_pool.give_back(pool, kind, slots, reusable=not failed)
+            actor_pool.give_back(pool, server_kind, [(server_slot, server)], reusable=not failed)
         else:
-            _kill([server, *actors, depot])
+            _kill([*started, depot])
 
-    engine = Engine(server, actors, RayStore(), keep=[shards], stop=stop)
     try:
+        ray.get([depot.assign.remote(slot, shard) for (slot, _), shard in zip(slots, shards)])
+        options = {
+            "num_cpus": res.cpus_per_actor,
+            "num_gpus": res.gpus_per_actor,
+            "max_restarts": res.max_restarts,
+            "max_task_retries": res.max_task_retries,
+            "scheduling_strategy": placement,
+        }
+        kept = [handle for _, handle in slots if handle is not None]
+        slots = [(slot, handle or ClientActor.options(**options).remote(depot_name, slot)) for slot, handle in slots]
+        actors = [handle for _, handle in slots]
+        started.extend(actors)
+        loading = [handle.load.remote() for handle in kept]
+        run = (config, server_inputs(exp), run_dir, actors, owner)
+        server_options = {"num_cpus": 0, "num_gpus": res.server_gpus, "scheduling_strategy": here}
+        if pooled:  # a kept server, or a new one to keep, is given the run by `load`
+            server = server or ServerActor.options(**server_options).remote()
+            loading.append(server.load.remote(*run))
+        else:
+            server = ServerActor.options(**server_options).remote(*run)
+        started.append(server)
         _load(loading)
     except BaseException:
         stop(failed=True)
         raise
-    return engine
+    return Engine(server, actors, RayStore(), keep=[shards], stop=stop)
 
 
 def _load(loading: list) -> None:
