@@ -139,8 +139,8 @@ def give_back(pool: _Pool, kind: Kind, slots: list[tuple[int, Any]], reusable: b
                     handle.unload.remote()
         if keep:
             pool.idle.setdefault(kind[0], []).extend(slots)
-    if not keep:
-        _kill([handle for _, handle in slots])
+    if not keep:  # a run that failed before starting them all gives back slots without actors
+        _kill([handle for _, handle in slots if handle is not None])
 
 
 def _alive(pool: _Pool) -> bool:
