@@ -71,7 +71,7 @@ def test_fedbn_without_batchnorm_is_fedavg_and_keeps_bn_local_with_it(run_tiny):
     _, avg = run_tiny(**{"algorithm.name": "fedavg", "model.name": "mlp"})
     _, bn = run_tiny(**{"algorithm.name": "fedbn", "model.name": "mlp"})
     assert_same_weights(final_weights(avg), final_weights(bn))
-    _, bn_conv = run_tiny(**{"algorithm.name": "fedbn", "rounds": 2})
+    _, bn_conv = run_tiny(**{"algorithm.name": "fedbn", "rounds": 2, "model.name": "convnet"})  # batch-norm layers
     state = load_state(sorted((bn_conv / "client_state/client_00000").glob("r*.pt"))[-1], "")
     assert any("running_mean" in k for k in state["bn"])
 

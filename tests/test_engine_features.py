@@ -193,8 +193,8 @@ def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tm
             "raysim.cli",
             "run",
             str(ROOT / command[2]),
-            *command[3:],
             *tiny,
+            *command[3:],  # after the tiny settings: the README's model and algorithm are what runs
             "--out",
             str(tmp_path / "run"),
         ],

@@ -369,7 +369,8 @@ def test_a_checkpoint_that_is_not_this_runs_model_is_refused_before_ray(case, wo
     from raysim.tensors import module_weights
 
     scaffold = case.endswith("control")
-    config = load_config(QUICKSTART, tiny_overrides(**({"algorithm.name": "scaffold"} if scaffold else {})))
+    convnet = {"model.name": "convnet"}  # the shapes named above
+    config = load_config(QUICKSTART, tiny_overrides(**convnet, **({"algorithm.name": "scaffold"} if scaffold else {})))
     model = prepare(config).spec.build("cpu")
     weights = module_weights(model)
     control = {name: np.zeros(tuple(p.shape), np.float32) for name, p in model.named_parameters()}
