@@ -185,7 +185,7 @@ def test_the_readme_example_algorithm_and_model_run_from_the_cli_as_user_code(tm
     assert command[:3] == ["raysim", "run", "configs/quickstart.yaml"]
     # the command's PYTHONPATH, from the repository's root; raysim itself from ROOT
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": os.pathsep.join([str(ROOT / "examples"), str(ROOT)])}
-    tiny = tiny_overrides(**{"resources.actors": 2})
+    tiny = tiny_overrides(**{"resources.actors": 1})
     done = subprocess.run(
         [
             sys.executable,

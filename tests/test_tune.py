@@ -24,7 +24,7 @@ QUICK = str(ROOT / "configs/quickstart.yaml")
 TINY_BASE = {
     "rounds": 2,
     "clients": {"num": 4, "per_round": 4},
-    "model": {"width": 8},
+    "model": {"name": "mlp"},  # the quickest model: the rules are the sweep's
     "output": {"tensorboard": False},
     "resources": {"actors": 1, "cpus_per_actor": 1},
 }
