@@ -209,10 +209,10 @@ ONE_SHOT = {
     "algorithm.cache_client_stage": False,
     "algorithm.nz": 32,
     "algorithm.ngf": 16,
-    "algorithm.generator_steps": 20,
+    "algorithm.generator_steps": 10,
     "algorithm.synthesis_batch": 64,
     "algorithm.kd_batch": 16,
-    "algorithm.stratify_steps": 10,
+    "algorithm.stratify_steps": 5,
     "algorithm.stratify_batch": 8,  # FedHydra's 60 generators (6 clients x 10 classes): most of its run
 }
 LEARNS_WITH.update({name: ONE_SHOT for name in ("fedavg_oneshot", "dense", "coboosting", "fedhydra")})
