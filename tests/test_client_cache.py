@@ -18,6 +18,9 @@ from tests.test_oneshot import ONE_SHOT, run
 
 ROOT = Path(__file__).resolve().parents[1]
 MEAN, STD = np.array([0.3]), np.array([0.35])
+# Whole runs: the client round and one distillation epoch from it, on the quickest model (the rules
+# are the cache's, not the architecture's)
+DENSE_ON_THE_MLP = {"algorithm.name": "dense", "rounds": 2, "model.name": "mlp"}
 
 
 def key(*overrides: str, mean=MEAN, std=STD) -> str:
@@ -79,7 +82,7 @@ def test_an_entry_that_is_not_this_runs_clients_is_refused():
 def test_other_normalisation_constants_miss_the_cache_and_give_the_uncached_numbers(tmp_path, monkeypatch):
     """The case issue 45 found: the same run with other dataset.mean/std hit the old entry."""
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
-    extra = {"algorithm.name": "dense", "rounds": 2}  # the client round and one distillation epoch from it
+    extra = DENSE_ON_THE_MLP
     first, _ = run(tmp_path, "first", **extra)
     moved = {**extra, "dataset.mean": "[0.5]", "dataset.std": "[0.5]"}
     second, _ = run(tmp_path, "second", **moved)
@@ -92,13 +95,13 @@ def test_other_normalisation_constants_miss_the_cache_and_give_the_uncached_numb
 @pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)
 def test_a_planted_entry_with_missing_clients_is_a_miss(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSIM_CACHE_DIR", str(tmp_path / "cache"))
-    first, _ = run(tmp_path, "first", **{"algorithm.name": "dense", "rounds": 2})
+    first, _ = run(tmp_path, "first", **DENSE_ON_THE_MLP)
     (path,) = (tmp_path / "cache" / "client_stage").glob("*.pt")
     stored = torch.load(path, weights_only=True)
     stored["weights"] = {k: w for k, w in stored["weights"].items() if int(k) < 3}
     stored["num_samples"] = {k: n for k, n in stored["num_samples"].items() if int(k) < 3}
     torch.save(stored, path)
-    again, _ = run(tmp_path, "again", **{"algorithm.name": "dense", "rounds": 2})
+    again, _ = run(tmp_path, "again", **DENSE_ON_THE_MLP)
     assert not again["client_stage_cached"]
     assert again["final_accuracy"] == first["final_accuracy"]
 
