@@ -26,6 +26,7 @@ HETEROGENEOUS = {
     "clients.models": "[lenet, cnn2, {name: resnet18, width_multiplier: 0.125}]",
     "model.name": "resnet18",
     "model.width_multiplier": 0.125,
+    "algorithm.distill_steps": 5,  # round 2's distillation: recorded, not judged
 }
 
 
