@@ -174,6 +174,31 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
 SAFE_LOADER = _Loader
 
 
+# Parsed trees by file text: listing the tables builds every run's config (about a thousand), each
+# reading its chain of bases again. Keyed by the text read now, so an edited file is parsed again.
+_PARSED: dict[str, Any] = {}
+_PARSED_MAX = 512
+
+
+def _parse(text: str) -> Any:
+    if text not in _PARSED:
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[text] = yaml.load(text, Loader=SAFE_LOADER)
+    return _copy_tree(_PARSED[text])  # callers edit their trees
+
+
+def _copy_tree(node: Any) -> Any:
+    """A copy of a parsed YAML tree: new mappings and lists, the scalars (immutable) shared."""
+    if isinstance(node, dict):
+        return {key: _copy_tree(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_copy_tree(value) for value in node]
+    if isinstance(node, set):  # YAML's !!set
+        return set(node)
+    return node
+
+
 def read_one_yaml(path: Path) -> dict[str, Any]:
     """One config file's own tree, without its `extends:` chain."""
     if not path.is_file():
@@ -191,7 +216,7 @@ def read_one_yaml(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise RaysimError(f"cannot read config file '{path}' ({exc.strerror}): check its permissions") from None
     try:
-        data = yaml.load(text, Loader=SAFE_LOADER)
+        data = _parse(text)
     except DuplicateKey as exc:
         raise RaysimError(f"config file '{path}': {exc}: keep one of them") from None
     except yaml.YAMLError as exc:

@@ -11,7 +11,9 @@ A subclass that overrides a bounded field's default repeats its annotation.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -224,6 +226,12 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str, noun: str = 
     return cls(**kwargs)
 
 
+@functools.lru_cache(maxsize=1024)
+def _override_value(raw: str) -> Any:
+    """An override's value as YAML reads it (memoised: listing the tables applies thousands)."""
+    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise RaysimError(f"override '{text}' is not of the form key.sub=value (e.g. rounds=10)")
@@ -231,7 +239,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise RaysimError(f"override '{text}' has an empty key: write it as key.sub=value")
     try:
-        value = yaml.safe_load(raw) if raw != "" else None
+        value = copy.deepcopy(_override_value(raw)) if raw != "" else None
     except yaml.YAMLError:
         value = raw
     return key.split("."), value
