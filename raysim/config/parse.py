@@ -11,7 +11,6 @@ A subclass that overrides a bounded field's default repeats its annotation.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import math
@@ -23,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from raysim.config.files import FAST_SAFE_LOADER, copy_tree
 from raysim.errors import RaysimError
 
 
@@ -229,7 +229,7 @@ def build_dataclass(cls: type, values: dict[str, Any], prefix: str, noun: str = 
 @functools.lru_cache(maxsize=1024)
 def _override_value(raw: str) -> Any:
     """An override's value as YAML reads it (memoised: listing the tables applies thousands)."""
-    return yaml.load(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return yaml.load(raw, Loader=FAST_SAFE_LOADER)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -239,7 +239,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise RaysimError(f"override '{text}' has an empty key: write it as key.sub=value")
     try:
-        value = copy.deepcopy(_override_value(raw)) if raw != "" else None
+        value = copy_tree(_override_value(raw)) if raw != "" else None
     except yaml.YAMLError:
         value = raw
     return key.split("."), value

@@ -53,8 +53,8 @@ import yaml
 
 from raysim.algorithm import Algorithm
 from raysim.config import Config, build_dataclass, read_yaml
+from raysim.config.files import FAST_SAFE_LOADER, resolve
 from raysim.config.files import ROOT as CONFIGS_ROOT
-from raysim.config.files import resolve
 from raysim.errors import RaysimError, need
 from raysim.experiment import apply_overrides, config_from_dict
 from raysim.registry import algorithm_class
@@ -293,8 +293,7 @@ def load_table(name_or_path: str | Path) -> Table:
         known = ", ".join(p.stem for p in sorted(TABLES_DIR.glob("*.yaml")))
         raise RaysimError(f"no table '{name_or_path}': give a shipped table ({known}) or a table file's path")
     try:
-        # libyaml's parser where installed: the same tree, several times faster
-        raw = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        raw = yaml.load(path.read_text(), Loader=FAST_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise RaysimError(f"table file '{path}' is not valid YAML ({str(exc).splitlines()[0]}): fix it") from None
     return _parse(path, raw)
