@@ -142,7 +142,7 @@ TINY_DEFAULTS = {
     "rounds": 2,
     "clients.num": 6,
     "clients.per_round": 6,
-    "model.name": "mlp",  # a fifth of the tiny convnet's seconds; tests about convolutions or norms set their model
+    "model.name": "mlp",  # the quickest model (tests/test_algorithms.py); tests about convolutions or norms set theirs
     "model.width": 8,
     "local.epochs": 1,
     "local.batch_size": 64,
