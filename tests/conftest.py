@@ -194,6 +194,28 @@ def run_tiny(ray_session, tmp_path_factory, _tiny_runs):
     return run
 
 
+def cli_in_process(capsys, *args, cwd=None):
+    """`raysim ARGS` answered by this process's `raysim.cli.main`: (returncode, stdout, stderr) as
+    `subprocess.run` gives them. For tests whose claim is the command's answer, not a new
+    interpreter's: it saves the interpreter's start (torch's import, seconds of CPU a command)."""
+    import contextlib
+    import subprocess
+
+    from raysim.cli import main
+    from raysim.outputs.run_lock import release_all
+
+    capsys.readouterr()
+    with contextlib.chdir(cwd or Path(__file__).resolve().parents[1]):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+        finally:
+            release_all()
+    said = capsys.readouterr()
+    return subprocess.CompletedProcess(["raysim", *args], code, said.out, said.err)
+
+
 def run_and_kill_after_round(overrides: list[str], run_dir: Path, after_round: int, env: dict) -> int:
     """`raysim run` in a subprocess, SIGKILLed (with the Ray it started) once its checkpoint holds
     `after_round`; returns the round of the checkpoint it left."""

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import cli_in_process
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs/quickstart.yaml")
 
@@ -46,7 +48,7 @@ def test_bad_input_gives_one_line_and_exit_code_2(tmp_path, capsys, args, words)
         bad = tmp_path / "bad.yaml"
         bad.write_text("rounds: 5\ndataset: {name: mnist\n")
         args = [str(bad)]
-    # In process: the entry point itself (python -m raysim.cli) is exercised by the tests below.
+    # In process: the entry point itself (python -m raysim.cli) is exercised by the tests that call raysim().
     code = main(["run", *args, "--out", str(tmp_path / "run")])
     stderr = capsys.readouterr().err
     assert code == 2, stderr
@@ -63,13 +65,12 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-@pytest.mark.slow  # imports every algorithm in subprocesses: about 7 s
-def test_listings():
-    algorithms = raysim("algorithms")
+def test_listings(capsys):
+    algorithms = cli_in_process(capsys, "algorithms")
     assert algorithms.returncode == 0
     for name in ("fedavg", "fedprox", "scaffold", "fednova", "moon", "feddyn", "fedbn", "feddisco", "feddm", "fedaf"):
         assert name in algorithms.stdout
-    datasets = raysim("datasets")
+    datasets = cli_in_process(capsys, "datasets")
     assert datasets.returncode == 0
     for name in (
         "embedded",
@@ -86,18 +87,17 @@ def test_listings():
         assert name in datasets.stdout
 
 
-@pytest.mark.slow  # draws a figure in a subprocess: about 5 s
-def test_partition_prints_counts_and_draws_the_bubble_chart(tmp_path):
+def test_partition_prints_counts_and_draws_the_bubble_chart(tmp_path, capsys):
     png = tmp_path / "partition.png"
-    result = raysim("partition", QUICK, "partition.alpha=0.1", "--plot", str(png))
+    result = cli_in_process(capsys, "partition", QUICK, "partition.alpha=0.1", "--plot", png)
     assert result.returncode == 0, result.stderr
     assert "10000" in result.stdout.replace(",", "")
     assert png.stat().st_size > 1000
 
 
-def test_report_folds_seeds(run_tiny, tmp_path):
+def test_report_folds_seeds(run_tiny, tmp_path, capsys):
     runs = [run_tiny(seed=s)[1] for s in (0, 1)]
-    result = raysim("report", *map(str, runs))
+    result = cli_in_process(capsys, "report", *runs)
     assert result.returncode == 0, result.stderr
     assert "+-" in result.stdout and "fedavg" in result.stdout
     assert result.stdout.splitlines()[2].split()[2] == "2"  # one row: 2 seeds

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from raysim.outputs.run_dir import RECORD, RunDir
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_PROCESS = "resources.in_process=true"
@@ -100,13 +101,13 @@ def test_what_git_keeps_of_the_folder_writes_the_table_again_in_seconds(smoke, t
     assert seconds < 30, seconds  # no Ray started: the interpreter, torch and the table
 
 
-def test_table_only_writes_the_table_from_the_finished_runs_and_runs_nothing(smoke, tmp_path):
+def test_table_only_writes_the_table_from_the_finished_runs_and_runs_nothing(smoke, tmp_path, capsys):
     """A table part-way: FedAvg's two runs are there, FedProx's not; --table-only writes FedAvg's
     row as the whole table has it and leaves FedProx's empty, without starting Ray."""
     runs, _, _ = smoke
     out = tmp_path / "part"
     shutil.copytree(runs / "fmnist_dir0.5" / "fedavg", out / "fmnist_dir0.5" / "fedavg")
-    done = reproduce("smoke", "--out", str(out), "--table-only")
+    done = cli_in_process(capsys, "reproduce", "smoke", "--out", out, "--table-only")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the table from 2 of 4 runs (finished); nothing run" in done.stderr and "[1/" not in done.stderr
     assert not (out / "fmnist_dir0.5" / "fedprox").exists()
@@ -115,14 +116,14 @@ def test_table_only_writes_the_table_from_the_finished_runs_and_runs_nothing(smo
     assert "raysim reproduce smoke --scale cpu --out DIR" in (out / "table.md").read_text()  # what runs it all
 
 
-def test_table_only_refuses_a_cell_whose_runs_ran_on_different_data(smoke, tmp_path):
+def test_table_only_refuses_a_cell_whose_runs_ran_on_different_data(smoke, tmp_path, capsys):
     """Records received without the data: the runs of a cell are checked against each other."""
     runs, _, _ = smoke
     out = tmp_path / "mixed"
     shutil.copytree(runs / "fmnist_dir0.5" / "fedavg", out / "fmnist_dir0.5" / "fedavg")
     edited = out / "fmnist_dir0.5" / "fedavg" / "s1" / "data.json"
     edited.write_text(edited.read_text().replace('"digest": "', '"digest": "0'))
-    done = reproduce("smoke", "--out", str(out), "--table-only")
+    done = cli_in_process(capsys, "reproduce", "smoke", "--out", out, "--table-only")
     assert done.returncode == 2 and "the runs of cell fmnist_dir0.5 ran on different data" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not (out / "table.md").exists()
 
@@ -208,14 +209,14 @@ methods:
         (["smoke", "--out", "x", "--table-only"], "no run of the selection has finished in 'x'"),
     ],
 )
-def test_bad_requests_are_one_line_and_exit_2(args, words):
-    done = reproduce(*args, timeout=60)
+def test_bad_requests_are_one_line_and_exit_2(args, words, capsys):
+    done = cli_in_process(capsys, "reproduce", *args)
     assert done.returncode == 2 and words in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
 
-def test_list_names_the_tables_with_cells_methods_and_estimates():
-    done = reproduce("--list", timeout=60)
+def test_list_names_the_tables_with_cells_methods_and_estimates(capsys):
+    done = cli_in_process(capsys, "reproduce", "--list")
     assert done.returncode == 0, done.stderr
     assert "smoke: " in done.stdout and "dcfl_table2: " in done.stdout
     assert "cells:   fmnist_dir0.5" in done.stdout
