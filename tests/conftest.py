@@ -208,8 +208,6 @@ def cli_in_process(capsys, *args, cwd=None):
     with contextlib.chdir(cwd or Path(__file__).resolve().parents[1]):
         try:
             code = main([str(a) for a in args])
-        except SystemExit as exc:  # argparse's own errors
-            code = exc.code
         finally:
             release_all()
     said = capsys.readouterr()

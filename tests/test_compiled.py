@@ -55,7 +55,7 @@ def test_off_the_training_loop_runs_the_plain_module():
     assert compiled.function(model.embed) == model.embed
 
 
-@pytest.mark.slow  # compiles an MLP's training loop: seconds (a ConvNet's took about 40)
+@pytest.mark.slow  # compiles an MLP's training loop (the claim is the loop's, not the architecture's)
 def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
     with compiled.kept():
         compiled.set_compile(False)

@@ -18,7 +18,7 @@ import ray
 import yaml
 
 from raysim.outputs.run_dir import RunDir
-from tests.conftest import tiny_overrides
+from tests.conftest import cli_in_process, tiny_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -80,22 +80,13 @@ def real_run(tmp_path: Path) -> Path:
     return run_dir
 
 
-def cli(args: list, cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    from raysim.cli import main
-    from raysim.outputs.run_lock import release_all
-
-    monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    finally:
-        release_all()
-    out = capsys.readouterr()
-    return code, out.out, out.err
+def cli(args: list, cwd: Path, capsys) -> tuple[int, str, str]:
+    done = cli_in_process(capsys, *args, cwd=cwd)
+    return done.returncode, done.stdout, done.stderr
 
 
-def refused(args: list, cwd: Path, monkeypatch, capsys, *words: str) -> str:
-    code, _, err = cli(args, cwd, monkeypatch, capsys)
+def refused(args: list, cwd: Path, capsys, *words: str) -> str:
+    code, _, err = cli(args, cwd, capsys)
     lines = err.strip().splitlines()
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith("raysim: error: "), err
@@ -125,7 +116,7 @@ def received(finished_run: Path, tmp_path: Path, edit=None) -> Path:
 
 # ------------------------------------------------------------------ item 1: code from a received config
 @pytest.mark.parametrize("key", ["algorithm", "model"])
-def test_a_received_config_imports_no_code_from_its_folder(finished_run, tmp_path, monkeypatch, capsys, key):
+def test_a_received_config_imports_no_code_from_its_folder(finished_run, tmp_path, capsys, key):
     recv = received(finished_run, tmp_path, lambda t: t[key].update(name="evilmod:Evil"))
     (recv / "evilmod.py").write_text(PLANTED)
     before = snapshot(recv)
@@ -133,7 +124,6 @@ def test_a_received_config_imports_no_code_from_its_folder(finished_run, tmp_pat
     refused(
         ["run", "config.yaml", "rounds=1", "--out", elsewhere],
         recv,
-        monkeypatch,
         capsys,
         f"{key}.name='evilmod:Evil' is user code",
         "--allow-code",
@@ -142,21 +132,21 @@ def test_a_received_config_imports_no_code_from_its_folder(finished_run, tmp_pat
     assert not elsewhere.exists() and snapshot(recv) == before
 
 
-def test_a_received_config_is_not_run_from_inside_its_folder(finished_run, tmp_path, monkeypatch, capsys):
+def test_a_received_config_is_not_run_from_inside_its_folder(finished_run, tmp_path, capsys):
     recv = received(finished_run, tmp_path)
     before = snapshot(recv)
-    refused(["run", "config.yaml", "--out", tmp_path / "elsewhere"], recv, monkeypatch, capsys, "from outside it")
+    refused(["run", "config.yaml", "--out", tmp_path / "elsewhere"], recv, capsys, "from outside it")
     assert snapshot(recv) == before and not (tmp_path / "elsewhere").exists()
 
 
 # ------------------------------------------------------------------ item 4: output.dir of a received config
 @pytest.mark.slow  # the run starts Ray (in process)
-def test_a_received_configs_output_dir_decides_nothing(tmp_path, monkeypatch, capsys):
+def test_a_received_configs_output_dir_decides_nothing(tmp_path, capsys):
     outside = tmp_path / "chosen-by-the-sender"
     recv = received(real_run(tmp_path), tmp_path, lambda t: t["output"].update(dir=str(outside)))
     work = tmp_path / "work"
     work.mkdir()
-    code, _, err = cli(["run", recv / "config.yaml", "rounds=1"], work, monkeypatch, capsys)
+    code, _, err = cli(["run", recv / "config.yaml", "rounds=1"], work, capsys)
     assert code == 0, err
     assert not outside.exists(), "the received config chose where the run went"
     assert [p.parent.parent.name for p in work.glob("*/*/summary.json")] == ["runs"]  # output.dir's default, here
@@ -173,7 +163,7 @@ def test_a_received_configs_output_dir_decides_nothing(tmp_path, monkeypatch, ca
         ["client_state/0/state.pt"],
     ],
 )
-def test_a_fresh_run_refuses_an_out_holding_what_a_run_writes(finished_run, tmp_path, monkeypatch, capsys, files):
+def test_a_fresh_run_refuses_an_out_holding_what_a_run_writes(finished_run, tmp_path, capsys, files):
     out = tmp_path / "thatfolder"
     for name in files:
         source = finished_run / name
@@ -183,7 +173,6 @@ def test_a_fresh_run_refuses_an_out_holding_what_a_run_writes(finished_run, tmp_
     refused(
         ["run", QUICKSTART, "seed=7", "rounds=3", "resources.in_process=true", "--out", out],
         tmp_path,
-        monkeypatch,
         capsys,
         "--resume",
         "new or empty --out",
@@ -192,10 +181,10 @@ def test_a_fresh_run_refuses_an_out_holding_what_a_run_writes(finished_run, tmp_
     assert snapshot(out) == before, "the refused folder changed (a .lock or data.json left behind?)"
 
 
-def test_a_fresh_run_refused_for_a_run_already_there_creates_no_lock(finished_run, tmp_path, monkeypatch, capsys):
+def test_a_fresh_run_refused_for_a_run_already_there_creates_no_lock(finished_run, tmp_path, capsys):
     recv = received(finished_run, tmp_path)
     before = snapshot(recv)
-    refused(["run", QUICKSTART, "--out", recv], tmp_path, monkeypatch, capsys, "already holds a run", "--resume")
+    refused(["run", QUICKSTART, "--out", recv], tmp_path, capsys, "already holds a run", "--resume")
     assert snapshot(recv) == before
 
 
@@ -216,15 +205,12 @@ def _without_data_json(finished_run: Path, tmp_path: Path, trained_on: str | Non
 
 
 @pytest.mark.parametrize("trained_on", ["fashion_mnist", None])
-def test_a_resume_without_data_json_on_another_dataset_is_refused(
-    finished_run, tmp_path, monkeypatch, capsys, trained_on
-):
+def test_a_resume_without_data_json_on_another_dataset_is_refused(finished_run, tmp_path, capsys, trained_on):
     recv = _without_data_json(finished_run, tmp_path, trained_on)
     before = snapshot(recv)
     refused(
         ["run", "--resume", recv, "rounds=3"],
         tmp_path,
-        monkeypatch,
         capsys,
         "records no data",
         "--accept-data",
@@ -234,13 +220,11 @@ def test_a_resume_without_data_json_on_another_dataset_is_refused(
 
 
 @pytest.mark.slow  # the resumed round starts Ray (in process)
-def test_a_resume_without_data_json_goes_on_where_the_checkpoint_agrees_or_with_accept_data(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_resume_without_data_json_goes_on_where_the_checkpoint_agrees_or_with_accept_data(tmp_path, capsys):
     finished_run = real_run(tmp_path)
     assert RunDir(finished_run).read_checkpoint()["dataset"] == "embedded"  # written by the run
     recv = _without_data_json(finished_run, tmp_path, "embedded")
-    code, _, err = cli(["run", "--resume", recv, "rounds=3"], tmp_path, monkeypatch, capsys)
+    code, _, err = cli(["run", "--resume", recv, "rounds=3"], tmp_path, capsys)
     assert code == 0, err
     assert json.loads((recv / "summary.json").read_text())["rounds"] == 3
     assert json.loads((recv / "data.json").read_text())["name"] == "embedded"
@@ -248,39 +232,39 @@ def test_a_resume_without_data_json_goes_on_where_the_checkpoint_agrees_or_with_
     other = tmp_path / "other"
     other.mkdir()
     recv = _without_data_json(finished_run, other, "fashion_mnist")
-    code, _, err = cli(["run", "--resume", recv, "rounds=3", "--accept-data"], tmp_path, monkeypatch, capsys)
+    code, _, err = cli(["run", "--resume", recv, "rounds=3", "--accept-data"], tmp_path, capsys)
     assert code == 0, err
     assert json.loads((recv / "summary.json").read_text())["rounds"] == 3
 
 
 # ------------------------------------------------------------------ item 6: tracebacks
-def test_partition_plot_to_a_folder_is_one_line(tmp_path, monkeypatch, capsys):
-    refused(["partition", QUICKSTART, "--plot", tmp_path], tmp_path, monkeypatch, capsys, "is a folder")
+def test_partition_plot_to_a_folder_is_one_line(tmp_path, capsys):
+    refused(["partition", QUICKSTART, "--plot", tmp_path], tmp_path, capsys, "is a folder")
 
 
 @pytest.mark.parametrize("key", ["final_accuracy", "best_accuracy", "rounds", "bytes_up", "bytes_down", "wall_time_s"])
-def test_report_on_a_summary_missing_a_figure_is_one_line(finished_run, tmp_path, monkeypatch, capsys, key):
+def test_report_on_a_summary_missing_a_figure_is_one_line(finished_run, tmp_path, capsys, key):
     recv = received(finished_run, tmp_path)
     summary = json.loads((recv / "summary.json").read_text())
     del summary[key]
     (recv / "summary.json").write_text(json.dumps(summary))
-    refused(["report", recv], tmp_path, monkeypatch, capsys, key, "summary.json")
+    refused(["report", recv], tmp_path, capsys, key, "summary.json")
 
 
-def test_report_marks_an_unfinished_run(finished_run, tmp_path, monkeypatch, capsys):
+def test_report_marks_an_unfinished_run(finished_run, tmp_path, capsys):
     recv = received(finished_run, tmp_path)
     summary = json.loads((recv / "summary.json").read_text())
     (recv / "summary.json").write_text(json.dumps({**summary, "finished": False, "rounds_planned": 5}))
-    code, out, err = cli(["report", recv], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["report", recv], tmp_path, capsys)
     assert code == 0, err
     assert "[1 unfinished]" in out and "is unfinished (2 of 5 rounds)" in out, out
 
 
 # ------------------------------------------------------------------ item 7: configs that mean nothing
 @pytest.mark.parametrize("text", ["", "# only a comment\n", "null\n", "~\n"])
-def test_an_empty_config_file_is_refused(tmp_path, monkeypatch, capsys, text):
+def test_an_empty_config_file_is_refused(tmp_path, capsys, text):
     (tmp_path / "empty.yaml").write_text(text)
-    refused(["run", "empty.yaml", "--out", "out"], tmp_path, monkeypatch, capsys, "config file 'empty.yaml' is empty")
+    refused(["run", "empty.yaml", "--out", "out"], tmp_path, capsys, "config file 'empty.yaml' is empty")
     assert not (tmp_path / "out").exists()
 
 
@@ -288,14 +272,14 @@ def test_an_empty_config_file_is_refused(tmp_path, monkeypatch, capsys, text):
     "text, key, line",
     [("rounds: 1\nseed: 3\nrounds: 2\n", "rounds", 3), ("local:\n  epochs: 1\n  epochs: 2\n", "epochs", 3)],
 )
-def test_a_key_given_twice_is_refused(tmp_path, monkeypatch, capsys, text, key, line):
+def test_a_key_given_twice_is_refused(tmp_path, capsys, text, key, line):
     (tmp_path / "twice.yaml").write_text(text)
-    refused(["run", "twice.yaml", "--out", "out"], tmp_path, monkeypatch, capsys, f"key '{key}'", f"line {line}")
+    refused(["run", "twice.yaml", "--out", "out"], tmp_path, capsys, f"key '{key}'", f"line {line}")
     assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------------ item 9: a junk data record
-def test_data_list_and_get_check_the_record_against_the_files(tmp_path, monkeypatch, capsys):
+def test_data_list_and_get_check_the_record_against_the_files(tmp_path, capsys):
     from raysim.data.catalogue import entry
     from raysim.data.get import RECORD, _record
 
@@ -305,37 +289,37 @@ def test_data_list_and_get_check_the_record_against_the_files(tmp_path, monkeypa
     (folder / RECORD).write_text('{"junk": true}')
 
     def listed() -> str:
-        code, out, err = cli(["data", "list", "--root", home], tmp_path, monkeypatch, capsys)
+        code, out, err = cli(["data", "list", "--root", home], tmp_path, capsys)
         assert code == 0, err
         return next(line for line in out.splitlines() if line.startswith("mnist "))
 
     assert "got by raysim" not in listed() and "bad record" in listed()
-    refused(["data", "get", "mnist", "--root", home], tmp_path, monkeypatch, capsys, RECORD, "move")
+    refused(["data", "get", "mnist", "--root", home], tmp_path, capsys, RECORD, "move")
 
     (folder / "raw.bin").write_bytes(b"12345")
     (folder / RECORD).write_text(json.dumps({**_record(entry("mnist")), "files": {"raw.bin": 5}}))
     assert "got by raysim" in listed()
-    code, out, err = cli(["data", "get", "mnist", "--root", home], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["data", "get", "mnist", "--root", home], tmp_path, capsys)
     assert code == 0 and "already in" in out, err
     (folder / "raw.bin").unlink()
     assert "bad record" in listed()
-    refused(["data", "get", "mnist", "--root", home], tmp_path, monkeypatch, capsys, "raw.bin is missing")
+    refused(["data", "get", "mnist", "--root", home], tmp_path, capsys, "raw.bin is missing")
 
 
 # ------------------------------------------------------------------ item 10: small ones
-def test_version(tmp_path, monkeypatch, capsys):
+def test_version(tmp_path, capsys):
     from importlib.metadata import version
 
     with pytest.raises(SystemExit) as exit_:
-        cli(["--version"], tmp_path, monkeypatch, capsys)
+        cli(["--version"], tmp_path, capsys)
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"raysim {version('raysim')}"
 
 
-def test_a_resume_asking_fewer_rounds_than_done_says_so(finished_run, tmp_path, monkeypatch, capsys):
+def test_a_resume_asking_fewer_rounds_than_done_says_so(finished_run, tmp_path, capsys):
     recv = received(finished_run, tmp_path)
     before = snapshot(recv)
-    code, out, err = cli(["run", "--resume", recv, "rounds=1"], tmp_path, monkeypatch, capsys)
+    code, out, err = cli(["run", "--resume", recv, "rounds=1"], tmp_path, capsys)
     assert code == 0, err
     assert "has 2 rounds done, more than the 1 asked" in out and "rounds=12" in out, out
     assert snapshot(recv) == before
@@ -351,8 +335,6 @@ def test_a_download_past_its_total_deadline_is_one_line(tmp_path):
     assert not (tmp_path / "got.bin").exists()
 
 
-def test_data_get_refuses_a_timeout_that_is_not_positive(tmp_path, monkeypatch, capsys):
-    refused(
-        ["data", "get", "mnist", "--timeout", "0", "--root", tmp_path / "h"], tmp_path, monkeypatch, capsys, "--timeout"
-    )
+def test_data_get_refuses_a_timeout_that_is_not_positive(tmp_path, capsys):
+    refused(["data", "get", "mnist", "--timeout", "0", "--root", tmp_path / "h"], tmp_path, capsys, "--timeout")
     assert not (tmp_path / "h").exists()
