@@ -20,19 +20,28 @@ def shared_data(name: str) -> Path:
     return path
 
 
-# Files with the longest end-to-end runs start first, so the two xdist workers finish together.
+# Files start longest first (their seconds in the suite on 2 cores, largest first), so the two xdist
+# workers finish together: each file runs on one worker (--dist loadfile), and a file of one long
+# test started last would run alone at the end. Unlisted files follow in collection order.
+# pyproject.toml's --no-loadscope-reorder keeps this order (xdist's own puts files of most tests first).
 LONG_FIRST = (
-    "test_algorithms.py",
     "test_oneshot.py",
+    "test_algorithms.py",
     "test_engine_features.py",
-    "test_engine.py",
-    "test_reproduce.py",
-    "test_tune.py",
-    "test_faults.py",
-    "test_compiled.py",
     "test_real_data.py",
+    "test_engine.py",
+    "test_tune.py",
+    "test_reproduce.py",
+    "test_faults.py",
+    "test_precision.py",
+    "test_received_dirs_run_no_code.py",
+    "test_compiled.py",
+    "test_dcfl.py",
+    "test_reference_numbers.py",
+    "test_one_line_errors.py",
+    "test_run_dir_safety.py",
+    "test_data.py",
     "test_dynafed.py",
-    "test_fedaf.py",
 )
 
 
@@ -68,7 +77,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in SLOW_FILES or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: keeps the order within files
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: keeps the order within files
 
 
 @pytest.fixture(scope="session", autouse=True)
