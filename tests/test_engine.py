@@ -31,6 +31,40 @@ def test_same_numbers_with_one_or_two_actors_or_in_process(run_tiny):
     assert yaml.safe_load((here / "actors.yaml").read_text())[0]["device"] == "cpu (in process)"
 
 
+def test_outputs_and_accounting(run_tiny):
+    summary, run_dir = run_tiny(**ACTORS, **{"output.tensorboard": True, "clients.per_round": 3})
+    for name in (
+        "config.yaml",
+        "metrics.parquet",
+        "summary.json",
+        "checkpoints/last.pt",
+        "checkpoints/final_model.pt",
+        "actors.yaml",
+    ):
+        assert (run_dir / name).exists(), name
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    table = pq.read_table(run_dir / "metrics.parquet")
+    assert table.column_names == ["round", "client", "metric", "value"]
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    for key in ("final_accuracy", "best_accuracy", "rounds", "bytes_up", "bytes_down", "wall_time_s"):
+        assert key in on_disk and on_disk[key] == summary[key]
+    assert summary["rounds"] == 2 and summary["finished"]
+    # 3 of 6 clients per round; every participant downloads the same broadcast
+    assert [v for _, v in server_metric(run_dir, "participants")] == [3, 3]
+    rows = table.to_pylist()
+    per_round_clients = {
+        r for r, c, m in ((x["round"], x["client"], x["metric"]) for x in rows) if c is not None and m == "bytes_up"
+    }
+    assert per_round_clients == {1, 2}
+    # FedAvg uploads what it downloads (the whole model), give or take pickle headers
+    up, down = summary["bytes_up"], summary["bytes_down"]
+    assert abs(up - down) / down < 0.01
+    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert resolved["clients"]["per_round"] == 3 and resolved["algorithm"]["name"] == "fedavg"
+
+
+# Runs on the session's kept actors come before the tests that stop them (a failed run, a run that
+# keeps none, another kind of actor): each stop makes the next run on actors start new ones.
 def test_kept_actors_give_the_numbers_of_new_ones_whatever_they_ran_before(ray_session, tmp_path):
     """Within the session's reusing_actors (raysim.engine.actor_pool) a run's client actors are kept
     for the next run of the same resources: FedAvg on the actors kept from a FedProx run gives the
@@ -86,38 +120,6 @@ def test_an_in_process_run_needs_no_ray(run_tiny, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     mine = json.loads((out / "summary.json").read_text())
     assert mine["final_accuracy"] == summary["final_accuracy"] and mine["bytes_up"] == summary["bytes_up"]
-
-
-def test_outputs_and_accounting(run_tiny):
-    summary, run_dir = run_tiny(**ACTORS, **{"output.tensorboard": True, "clients.per_round": 3})
-    for name in (
-        "config.yaml",
-        "metrics.parquet",
-        "summary.json",
-        "checkpoints/last.pt",
-        "checkpoints/final_model.pt",
-        "actors.yaml",
-    ):
-        assert (run_dir / name).exists(), name
-    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
-    table = pq.read_table(run_dir / "metrics.parquet")
-    assert table.column_names == ["round", "client", "metric", "value"]
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    for key in ("final_accuracy", "best_accuracy", "rounds", "bytes_up", "bytes_down", "wall_time_s"):
-        assert key in on_disk and on_disk[key] == summary[key]
-    assert summary["rounds"] == 2 and summary["finished"]
-    # 3 of 6 clients per round; every participant downloads the same broadcast
-    assert [v for _, v in server_metric(run_dir, "participants")] == [3, 3]
-    rows = table.to_pylist()
-    per_round_clients = {
-        r for r, c, m in ((x["round"], x["client"], x["metric"]) for x in rows) if c is not None and m == "bytes_up"
-    }
-    assert per_round_clients == {1, 2}
-    # FedAvg uploads what it downloads (the whole model), give or take pickle headers
-    up, down = summary["bytes_up"], summary["bytes_down"]
-    assert abs(up - down) / down < 0.01
-    resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert resolved["clients"]["per_round"] == 3 and resolved["algorithm"]["name"] == "fedavg"
 
 
 def test_learns_above_chance(run_tiny):
