@@ -15,11 +15,11 @@ from raysim.text_table import text_table
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The config without what leaves the numbers alone (seed, resources, output, eval.targets):
-    runs differing only there are repeats."""
+    """The config without what leaves the numbers alone (seed, resources, output, eval.targets,
+    eval.batch_size): runs differing only there are repeats."""
     config = {k: v for k, v in config.items() if k not in ("seed", "resources", "output")}
     if isinstance(config.get("eval"), dict):
-        config["eval"] = {k: v for k, v in config["eval"].items() if k != "targets"}
+        config["eval"] = {k: v for k, v in config["eval"].items() if k not in ("targets", "batch_size")}
     return config
 
 

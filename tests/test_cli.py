@@ -152,19 +152,19 @@ def test_report_compares_algorithms_with_different_parameters(tmp_path):
 def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_reached_it(tmp_path):
     from raysim.report import report
 
-    def run(name, algorithm, seed, reached, targets=(0.5, 0.6)):
+    def run(name, algorithm, seed, reached, targets=(0.5, 0.6), batch_size=128):
         return fake_run(
             tmp_path / name,
             {"name": algorithm},
             seed,
             0.6,
-            {"eval": {"targets": list(targets)}},
+            {"eval": {"targets": list(targets), "batch_size": batch_size}},
             rounds_to_accuracy=reached,
         )
 
     runs = [
         run("avg0", "fedavg", 0, {"0.5": 4, "0.6": None}),
-        run("avg1", "fedavg", 1, {"0.5": 6, "0.6": 9}, targets=[0.6, 0.5]),
+        run("avg1", "fedavg", 1, {"0.5": 6, "0.6": 9}, targets=[0.6, 0.5], batch_size=1000),
         run("prox0", "fedprox", 0, {"0.5": 3, "0.6": None}),
         run("prox1", "fedprox", 1, {"0.5": None, "0.6": None}),
         run("dm0", "feddm", 0, {"0.5": 2}, targets=[0.5]),
@@ -176,9 +176,9 @@ def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_re
     assert cells["fedavg"] == ["5.0 +- 1.4", ">10 (1/2)"]
     assert cells["fedprox"] == [">10 (1/2)", ">10"]
     assert cells["feddm"] == ["2", "-"]  # never asked for 0.6
-    # eval.targets only reads the history: runs differing there are seeds of one experiment (fedavg's
-    # two rows fold), and it labels no row
-    assert "eval.targets" not in text and [r.split()[2] for r in rows] == ["2", "2", "1"]
+    # eval.targets only reads the history and eval.batch_size changes no prediction: runs differing
+    # there are seeds of one experiment (fedavg's two rows fold), and neither labels a row
+    assert "eval." not in text and [r.split()[2] for r in rows] == ["2", "2", "1"]
 
 
 @pytest.mark.slow  # a whole run or more (pytest -m "not slow" skips it)

@@ -362,8 +362,8 @@ def test_a_run_directory_of_another_config_is_refused_unless_it_only_needs_more_
     fake_run(run, 0.5)
     assert run_state(run) == "finished"
     stored = yaml.safe_load(run.run_dir.config_file.read_text())
-    # settings that change no number (where the data lie, the actors) do not count
-    stored["dataset"]["root"], stored["resources"]["actors"] = "/elsewhere", 7
+    # settings that change no number (where the data lie, the actors, evaluation's batch size) do not count
+    stored["dataset"]["root"], stored["resources"]["actors"], stored["eval"]["batch_size"] = "/elsewhere", 7, 1000
     run.run_dir.config_file.write_text(yaml.safe_dump(stored))
     assert run_state(run) == "finished"
     # a run made before a parameter existed is the same config where today's default is what it ran
