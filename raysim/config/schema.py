@@ -134,9 +134,8 @@ class ResourcesConfig:
 class EvalConfig:
     every: int = 1
     # Images per forward pass when evaluating (no gradients; any size gives the same predictions up to
-    # float rounding). 128 keeps a conv net's activations within a CPU's cache: evaluating the 2-layer
-    # CNN or the width-32 ConvNet is about 2x faster on a CPU core than at 1000, and a GPU loses nothing
-    # that matters (experiments/engine/README.md).
+    # float rounding). 128 keeps a conv net's activations within a CPU core's cache, where 1000 spills
+    # them (the time per model at each size: experiments/engine/README.md).
     batch_size: int = 128
     # Test accuracies in (0, 1]: summary.json's rounds_to_accuracy gives the first round reaching each.
     targets: list[float] = field(default_factory=list)
