@@ -22,15 +22,17 @@ def shared_data(name: str) -> Path:
 
 # Files start longest first (their seconds in the suite on 2 cores, largest first), so the two xdist
 # workers finish together: each file runs on one worker (--dist loadfile), and a file of one long
-# test started last would run alone at the end. Unlisted files follow in collection order.
+# test started last would run alone at the end. Unlisted files follow in collection order. The
+# sweeps' file goes first: a sweep stops the session's idle actors before its trials reserve the
+# cluster, and actors kept from the tests before it would be started again after it.
 # pyproject.toml's --no-loadscope-reorder keeps this order (xdist's own puts files of most tests first).
 LONG_FIRST = (
+    "test_tune.py",
     "test_oneshot.py",
     "test_algorithms.py",
     "test_engine_features.py",
     "test_real_data.py",
     "test_engine.py",
-    "test_tune.py",
     "test_reproduce.py",
     "test_faults.py",
     "test_precision.py",
