@@ -23,18 +23,13 @@ def graphs_compiled() -> int:
     return counters["stats"]["unique_graphs"]
 
 
-def small_convnet(seed: int = 0) -> torch.nn.Module:
+def small_model(name: str = "convnet") -> torch.nn.Module:
+    """A seeded model of 8-px one-channel images and 4 classes: the ConvNet (width 4, depth 1) or the MLP."""
     from raysim.models import build_model
 
-    torch.manual_seed(seed)
-    return build_model("convnet", in_channels=1, num_classes=4, image_size=8, width=4, depth=1)
-
-
-def small_mlp(seed: int = 0) -> torch.nn.Module:
-    from raysim.models import build_model
-
-    torch.manual_seed(seed)
-    return build_model("mlp", in_channels=1, num_classes=4, image_size=8, hidden=8)
+    sizes = {"convnet": {"width": 4, "depth": 1}, "mlp": {"hidden": 8}}[name]
+    torch.manual_seed(0)
+    return build_model(name, in_channels=1, num_classes=4, image_size=8, **sizes)
 
 
 def train_twice(model: torch.nn.Module) -> tuple[float, list[torch.Tensor]]:
@@ -49,7 +44,7 @@ def train_twice(model: torch.nn.Module) -> tuple[float, list[torch.Tensor]]:
 
 
 def test_off_the_training_loop_runs_the_plain_module():
-    model = small_convnet()
+    model = small_model()
     with compiled.forward(model) as same:
         assert same is model and "forward" not in vars(model)
     assert compiled.function(model.embed) == model.embed
@@ -59,9 +54,9 @@ def test_off_the_training_loop_runs_the_plain_module():
 def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
     with compiled.kept():
         compiled.set_compile(False)
-        eager_loss, eager_weights = train_twice(small_mlp())
+        eager_loss, eager_weights = train_twice(small_model("mlp"))
     before = graphs_compiled()
-    model = small_mlp()
+    model = small_model("mlp")
     keys = list(model.state_dict())
     loss, weights = train_twice(model)
     assert graphs_compiled() > before  # the loop went through torch.compile
@@ -74,7 +69,7 @@ def test_on_the_training_loop_compiles_the_forward_for_the_loop_only(compiling):
 def test_the_dm_embedding_is_compiled_and_its_image_gradients_match_eager(compiling):
     from raysim.algorithms.condensed.matching import _embed_and_logits
 
-    model = small_convnet().requires_grad_(False)
+    model = small_model().requires_grad_(False)
     x = torch.randn(6, 1, 8, 8, requires_grad=True)
     before = graphs_compiled()
     features, logits = _embed_and_logits(model, x, with_logits=True)
@@ -89,7 +84,7 @@ def test_the_dm_embedding_is_compiled_and_its_image_gradients_match_eager(compil
 @pytest.mark.slow  # compiles: about 4 s
 def test_inputs_of_any_layout_share_one_graph(compiling):
     """DSA's flips and crops and slices of a batch hand the embedding other strides and offsets."""
-    embed = compiled.function(small_convnet().requires_grad_(False).embed)
+    embed = compiled.function(small_model().requires_grad_(False).embed)
     x = torch.randn(12, 1, 8, 8)
     expected = embed(x[:10])
     before = graphs_compiled()
@@ -102,7 +97,7 @@ def test_inputs_of_any_layout_share_one_graph(compiling):
 @pytest.mark.slow  # compiles forward and backward: about 7 s
 def test_a_compiled_graph_can_be_walked_back_twice(compiling):
     """FedAF logs its terms' gradient ratio with two backward passes through one step's graph."""
-    model = small_convnet().requires_grad_(False)
+    model = small_model().requires_grad_(False)
     x = torch.randn(6, 1, 8, 8, requires_grad=True)
     loss = compiled.function(model.embed)(x).square().sum()
     (first,) = torch.autograd.grad(loss, x, retain_graph=True)
