@@ -4,8 +4,6 @@ held-out shares), summary.json's selected_round / selected_accuracy, and the byt
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +12,7 @@ import pytest
 import yaml
 
 from raysim.errors import RaysimError
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
@@ -90,14 +89,8 @@ def test_a_bad_value_is_one_line(override, words):
     assert "\n" not in str(caught.value)
 
 
-def test_a_bad_value_exits_2_through_the_cli(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "run", str(QUICKSTART), "eval.selection=best", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_a_bad_value_exits_2_through_the_cli(tmp_path, capsys):
+    done = cli_in_process(capsys, "run", QUICKSTART, "eval.selection=best", "--out", tmp_path)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "eval.selection" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
 

@@ -129,7 +129,7 @@ def test_table_only_refuses_a_cell_whose_runs_ran_on_different_data(smoke, tmp_p
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
-def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
+def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, capsys, sig):
     """SIGKILL (a lost machine) or Ctrl-C (SIGINT to the foreground process group, as a terminal sends
     it): the finished run stays, the same command skips it and resumes the interrupted one. One method
     of the smoke table (its two seeds) is enough for the rule; in process, as the smoke fixture (no
@@ -160,7 +160,7 @@ def test_stopped_midway_it_resumes_with_the_same_numbers(smoke, tmp_path, sig):
         stderr = proc.stderr.read().decode()
         assert code == 130 and "interrupted: finished runs are kept" in stderr, stderr[-2000:]
     assert not second.read_summary().get("finished")
-    again = reproduce(*command)
+    again = cli_in_process(capsys, "reproduce", *command)  # the same command, here (the stopped one was another)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "1 of 2 runs finished already: skipped" in again.stderr
     assert "fmnist_dir0.5/fedavg/s1: resumed" in again.stderr

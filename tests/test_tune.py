@@ -18,6 +18,7 @@ from raysim.errors import RaysimError
 from raysim.experiment import load_config
 from raysim.sweep import load_sweep
 from raysim.tuning import trial_bundles
+from tests.conftest import cli_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "configs/quickstart.yaml")
@@ -162,27 +163,21 @@ def test_a_failing_trial_is_recorded_with_its_error_and_the_sweep_goes_on(ray_se
     assert load_config(tmp_path / "out" / "best.yaml").algorithm.fail is False
 
 
-def test_a_sweep_refused_while_starting_can_be_started_again_on_the_same_out(tmp_path):
+def test_a_sweep_refused_while_starting_can_be_started_again_on_the_same_out(tmp_path, capsys):
     """Issue 45 item 6: a sweep that never started (here: one trial needs more CPUs than Ray has)
     leaves no dead end: the same --out is accepted again, and --resume says to start it."""
-    from raysim.cli import main
-
     out = tmp_path / "out"
     big = {**TINY_BASE, "resources": {"actors": 3, "cpus_per_actor": 1, "num_cpus": 2}}
     sweep = write_sweep(tmp_path, overrides=big)
-    assert main(["tune", str(sweep), "--out", str(out)]) == 2
+    first = cli_in_process(capsys, "tune", sweep, "--out", out)
+    assert first.returncode == 2 and "needs 3 CPUs" in first.stderr, first.stderr
     assert (out / "sweep.yaml").exists() and not (out / "tune").exists()
     with pytest.raises(RaysimError, match="never started"):
         from raysim.tuning import resume_sweep
 
         resume_sweep(out)
     # the second start gets past the "already holds a sweep" refusal and is refused for the same reason
-    second = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", "tune", str(sweep), "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    second = cli_in_process(capsys, "tune", sweep, "--out", out)
     assert second.returncode == 2 and "needs 3 CPUs" in second.stderr, second.stderr
 
 
