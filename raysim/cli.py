@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from raysim.bench import benches
 from raysim.data.home import settle_data_home
+from raysim.engine import ray_missing
 from raysim.errors import RaysimError, user_message
 
 EXIT_USER_ERROR = 2
@@ -161,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return command(args.command)(args)
+        try:
+            return command(args.command)(args)
+        except ModuleNotFoundError as exc:  # a command whose module imports Ray (`raysim tune`), without Ray
+            raise ray_missing(exc) from None
     except RaysimError as exc:
         print(f"raysim: error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR

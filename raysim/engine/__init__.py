@@ -10,10 +10,25 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from raysim.errors import RaysimError
+
 
 def ray_side() -> ModuleType:
     """raysim.engine.ray_actors (the actors, the Ray session, the store), imported on first use."""
     # lazy: Ray only where actors run, so that an in-process run needs no Ray installed
-    from raysim.engine import ray_actors
-
+    try:
+        from raysim.engine import ray_actors
+    except ModuleNotFoundError as exc:
+        raise ray_missing(exc) from None
     return ray_actors
+
+
+def ray_missing(exc: ModuleNotFoundError) -> Exception:
+    """What to raise for `exc`: one line where the missing module is Ray (a Python without it can
+    still run in process), else `exc` itself (a missing module of Ray's own is a broken install)."""
+    if exc.name != "ray":
+        return exc
+    return RaysimError(
+        "Ray is not installed in this Python: install raysim with its dependencies (pip install -e . brings "
+        "ray[default,tune]); without Ray only runs with resources.in_process=true work (no actors, no sweeps)"
+    )
