@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from raysim.config import NEUTRAL_KEYS, Config
 from raysim.errors import RaysimError
 from raysim.plots import curves_figure, save_figure
 from raysim.results import RunRecord, read_curves, read_run, rounds_to, stat
@@ -15,12 +17,19 @@ from raysim.text_table import text_table
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The config without what leaves the numbers alone (seed, resources, output, eval.targets,
-    eval.batch_size): runs differing only there are repeats."""
-    config = {k: v for k, v in config.items() if k not in ("seed", "resources", "output")}
-    if isinstance(config.get("eval"), dict):
-        config["eval"] = {k: v for k, v in config["eval"].items() if k not in ("targets", "batch_size")}
-    return config
+    """The config, flattened, without the settings that change no number (raysim.config.NEUTRAL_KEYS),
+    the seed, and eval.targets (each run's own targets are read from its summary): runs differing
+    only there are repeats of one experiment. raysim writes every key of its time into config.yaml,
+    so a key a run lacks was added since, and the run ran at its default (an algorithm parameter
+    whose default changed behaviour states its earlier value: raysim.run_format)."""
+    flat = {**_schema_defaults(), **flatten(config)}
+    return {k: v for k, v in flat.items() if k not in NEUTRAL_KEYS and k not in ("seed", "eval.targets")}
+
+
+@functools.cache
+def _schema_defaults() -> dict[str, Any]:
+    """Every key of the schema at its default, flattened; not the algorithm's (its parameters are its own)."""
+    return {k: v for k, v in flatten(Config().to_dict()).items() if not k.startswith("algorithm.")}
 
 
 def experiment_key(config: dict[str, Any]) -> str:
@@ -37,7 +46,7 @@ def label(config: dict[str, Any], differing: set[str]) -> str:
 def differing_keys(configs: list[dict[str, Any]]) -> set[str]:
     """Settings that tell the rows apart. An algorithm's own parameters count only between runs of
     that algorithm: FedDM's rho does not label it against FedAvg, which has none."""
-    flats = [flatten(experiment_settings(c)) for c in configs]
+    flats = [experiment_settings(c) for c in configs]
 
     def differ(group: list[dict[str, Any]], keys: set[str]) -> set[str]:
         return {k for k in keys if len({json.dumps(f.get(k)) for f in group}) > 1}
@@ -73,9 +82,10 @@ def read_runs(run_dirs: list[str]) -> list[tuple[Path, dict[str, Any], dict[str,
 def group_runs(
     runs: list[tuple[Path, dict[str, Any], dict[str, Any]]], repeats: list[str] | None = None
 ) -> dict[str, list]:
-    """Experiments, in the order first met: runs whose configs differ only by seed (experiment_key) fold
-    into one, as a list of (run_dir, summary, config), one run per seed: a directory given twice is
-    read once, and a second run of a seed already counted is left out and described in `repeats`."""
+    """Experiments, in the order first met: runs whose configs differ only by seed and settings that
+    change no number (experiment_key) fold into one, as a list of (run_dir, summary, config), one run
+    per seed: a directory given twice is read once, and a second run of a seed already counted is
+    left out and described in `repeats`."""
     groups: dict[str, list] = {}
     kept: dict[tuple[str, Any], Path] = {}
     read: set[Path] = set()

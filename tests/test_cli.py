@@ -149,6 +149,26 @@ def test_report_compares_algorithms_with_different_parameters(tmp_path):
     assert "0.4000 +- 0.0141" in rows[1]  # two seeds folded
 
 
+def test_report_keeps_runs_apart_by_how_they_computed_and_folds_where_they_ran(tmp_path):
+    """raysim.config.NEUTRAL_KEYS: the seed and where a run ran (its actors, in process or not) fold;
+    bfloat16 changes the numbers, so its runs are an experiment of their own, labelled. A run whose
+    config predates a resources key ran at its default and folds with the runs that state it."""
+    from raysim.report import report
+
+    fedavg = {"name": "fedavg"}
+    runs = [
+        fake_run(tmp_path / "a0", fedavg, 0, 0.40, {"resources": {"actors": 2, "precision": "float32"}}),
+        fake_run(tmp_path / "a1", fedavg, 1, 0.42, {"resources": {"in_process": True, "precision": "float32"}}),
+        fake_run(tmp_path / "old", fedavg, 2, 0.44, {"resources": {"actors": 4}}),  # written before `precision`
+        fake_run(tmp_path / "b0", fedavg, 0, 0.30, {"resources": {"actors": 2, "precision": "bfloat16"}}),
+    ]
+    rows = report(runs).splitlines()[2:]
+    assert [re.split(r"\s{2,}", r)[:2] for r in rows] == [
+        ["fedavg cifar10 resources.precision=float32", "3"],
+        ["fedavg cifar10 resources.precision=bfloat16", "1"],
+    ]
+
+
 def test_report_shows_the_rounds_to_each_target_accuracy_and_seeds_that_never_reached_it(tmp_path):
     from raysim.report import report
 

@@ -17,6 +17,7 @@ The schema's names are importable from here (`from raysim.config import Config`)
 from raysim.config.files import merge_trees, read_yaml
 from raysim.config.parse import build_dataclass, coerce, parse_override, set_path
 from raysim.config.schema import (
+    NEUTRAL_KEYS,
     ClientsConfig,
     Config,
     DatasetConfig,
@@ -32,6 +33,7 @@ from raysim.config.schema import (
 )
 
 __all__ = [
+    "NEUTRAL_KEYS",
     "ClientsConfig",
     "Config",
     "DatasetConfig",

@@ -174,6 +174,33 @@ class OutputConfig:
 DEFAULT_ALGORITHM = "fedavg"
 
 
+# The settings that change no number of a run (tested: equal across actor counts, in process, kept
+# actors, evaluation batches): where it ran, how its work was spread and what it wrote besides. A
+# finished run made with other values of these counts as the table's (raysim.reproduce), and
+# `raysim report` folds runs differing only in these (and the seed) as one experiment. Every other
+# setting makes another experiment, resources.precision, compile, threads and devices included.
+NEUTRAL_KEYS = frozenset(
+    {
+        "dataset.root",  # where the same data lie on this machine (the data themselves: data.json, checked)
+        "dataset.verify",
+        "eval.count_macs",
+        "eval.batch_size",  # images per evaluation pass: any value gives the same predictions up to float rounding
+        "resources.actors",
+        "resources.in_process",
+        "resources.reuse_actors",
+        "resources.address",
+        "resources.num_cpus",
+        "resources.num_gpus",
+        "resources.object_store_mb",
+        "resources.max_restarts",
+        "resources.max_task_retries",
+        "output.dir",
+        "output.tensorboard",
+        "output.checkpoint_every",
+    }
+)
+
+
 @dataclass(frozen=True)
 class AlgorithmSection:
     """`algorithm:` resolved: the algorithm's name and its Params (a dataclass instance, every value

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from raysim.config import Config, parse_override
+from raysim.config import NEUTRAL_KEYS, Config, parse_override
 from raysim.data.home import dataset_folder, get_hint
 from raysim.engine import ray_side
 from raysim.errors import RaysimError, first_line, user_message
@@ -91,25 +91,6 @@ def plan_runs(
                     raise RaysimError(f"table {table.name}, cell {cell}, method {method}: {exc}") from None
                 runs.append(PlannedRun(cell, method, seed, config, RunDir(out / cell / method / f"s{seed}")))
     return runs
-
-
-# Settings that never change a run's numbers (tested: equal across actor counts and in-process):
-# a finished run made with other values of these still counts; any other difference is refused.
-NEUTRAL_KEYS = {
-    "dataset.root",  # where the same data lie on this machine (the data themselves: data.json, checked)
-    "dataset.verify",
-    "eval.count_macs",
-    "eval.batch_size",  # images per evaluation pass: any value gives the same predictions up to float rounding
-    "resources.actors",
-    "resources.in_process",
-    "resources.reuse_actors",
-    "resources.address",
-    "resources.num_cpus",
-    "resources.num_gpus",
-    "resources.object_store_mb",
-    "resources.max_restarts",
-    "resources.max_task_retries",
-}
 
 
 def run_state(run: PlannedRun, data_here: bool = True) -> str:
