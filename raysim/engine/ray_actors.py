@@ -37,8 +37,21 @@ from raysim.outputs.callbacks import RoundResult
 from raysim.outputs.run_dir import RunDir
 
 
+class _Kept:
+    """An actor the pool can give another run (raysim.engine.actor_pool): `unload` drops what the
+    last run's runtime held."""
+
+    runtime: Any = None
+
+    def unload(self) -> None:
+        if self.runtime is not None:
+            device, compiled = self.runtime.device, self.runtime.config.resources.compile
+            self.runtime = None
+            _free(device, compiled)
+
+
 @ray.remote
-class ClientActor:
+class ClientActor(_Kept):
     """The clients of slot `slot` of the depot named `depot_name`: built on start, on a restart, and
     at `load` when a kept actor is given the next run's clients (raysim.engine.actor_pool)."""
 
@@ -69,12 +82,6 @@ class ClientActor:
             validation_indices=held_out,
         )
 
-    def unload(self) -> None:
-        if self.runtime is not None:
-            device, compiled = self.runtime.device, self.runtime.config.resources.compile
-            self.runtime = None
-            _free(device, compiled)
-
     def info(self) -> dict[str, Any]:
         context = ray.get_runtime_context()
         return {**self.runtime.info(), "node_id": context.get_node_id(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
@@ -101,7 +108,7 @@ def _free(device: torch.device, compiled: bool) -> None:
 
 
 @ray.remote
-class ServerActor:
+class ServerActor(_Kept):
     """The run's server, built on start or, for a kept actor, at `load` (raysim.engine.actor_pool)."""
 
     def __init__(self, *run):
@@ -112,12 +119,6 @@ class ServerActor:
     def load(self, config: Config, inputs: ServerInputs, run_dir: RunDir, actors: list, client_actor: dict) -> None:
         self.unload()
         self.runtime = ServerRuntime(config, inputs, run_dir, actors, client_actor)
-
-    def unload(self) -> None:
-        if self.runtime is not None:
-            device, compiled = self.runtime.device, self.runtime.config.resources.compile
-            self.runtime = None
-            _free(device, compiled)
 
     def completed_rounds(self) -> int:
         return self.runtime.completed_rounds()
