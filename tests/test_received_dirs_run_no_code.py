@@ -104,6 +104,27 @@ def test_resume_from_inside_the_run_directory_needs_allow_code(tmp_path):
     assert outside.returncode == 0 and "has finished all 2 rounds" in outside.stdout, outside.stderr
 
 
+def test_a_tables_folder_whose_run_names_other_code_imports_none_of_it(tmp_path, capsys):
+    """`raysim reproduce` reads the runs it finds in --out to skip or resume them. Run from inside a
+    received table folder (on the import path), a run there naming code the table does not name is
+    refused in one line, the code not imported."""
+    from tests.conftest import cli_in_process
+
+    table = tmp_path / "table"
+    run = table / "fmnist_dir0.5" / "fedavg" / "s0"
+    run.mkdir(parents=True)
+    (table / "table_helpers.py").write_text(PLANTED)
+    config = {"seed": 0, "rounds": 3, "dataset": {"name": "embedded"}, "algorithm": {"name": "table_helpers:Plain"}}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / "summary.json").write_text('{"finished": true, "rounds": 3}')
+    done = cli_in_process(
+        capsys, "reproduce", "smoke", "--methods", "fedavg", "--out", ".", "resources.in_process=true", cwd=table
+    )
+    assert done.returncode == 2 and "table_helpers:Plain' is user code" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (table / "IMPORTED").exists()
+
+
 def test_the_watcher_of_a_private_ray_leaves_the_callers_other_children_alone(tmp_path):
     """raysim.engine.reaper watches only the processes Ray started: a child the caller had before
     (here `sleep`) survives a whole ray_session."""

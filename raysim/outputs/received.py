@@ -71,16 +71,21 @@ def code_refusal(where: Path) -> str:
     )
 
 
-def refuse_code(config: Config, folder: Path, why: str, action: str) -> None:
-    """One line if `config` names user code for its model or clients' models (the algorithm class is
-    refused while the config is read, under raysim.plugins.user_code_refused), or if the working
-    directory lies inside `folder` (Ray puts it on its workers' import path)."""
+def named_code(config: Config) -> list[tuple[str, str]]:
+    """(key, `package.module:name`) for each piece of user code `config` names: its algorithm class,
+    its model factory and its clients' model factories."""
+    names = [("algorithm.name", config.algorithm.name), ("model.name", config.model.name)]
+    names += [("clients.models", m.name) for m in client_architectures(config)]
+    return [(key, name) for key, name in names if ":" in name]
 
-    for key, name in [("model.name", config.model.name)] + [
-        ("clients.models", m.name) for m in client_architectures(config)
-    ]:
-        if ":" in name:
-            raise RaysimError(f"{key}='{name}' is user code, {why}")
+
+def refuse_code(config: Config, folder: Path, why: str, action: str) -> None:
+    """One line if `config` names user code (its algorithm class is already refused while the config
+    is read, under raysim.plugins.user_code_refused; its model factories are imported later), or if
+    the working directory lies inside `folder` (Ray puts it on its workers' import path)."""
+
+    for key, name in named_code(config):
+        raise RaysimError(f"{key}='{name}' is user code, {why}")
     here, inside = Path.cwd().resolve(), folder.resolve()
     if here == inside or inside in here.parents:
         raise RaysimError(

@@ -20,9 +20,11 @@ from raysim.data.home import dataset_folder, get_hint
 from raysim.engine import ray_side
 from raysim.errors import RaysimError, first_line, user_message
 from raysim.experiment import apply_overrides, config_from_dict
+from raysim.outputs.received import named_code
 from raysim.outputs.run_dir import RunDir
 from raysim.outputs.run_lock import unlock_run_dir
 from raysim.outputs.safe_write import real_folder
+from raysim.plugins import user_code_refused
 from raysim.registry import algorithm_class
 from raysim.report import flatten
 from raysim.reproduce.table_file import Table
@@ -114,14 +116,19 @@ def run_state(run: PlannedRun, data_here: bool = True) -> str:
     # Both read through today's schema, the stored one as made (raysim.run_format): a parameter added
     # since the run was made takes the value that run ran, so it makes the run another config only
     # where the table asks for another; a stored config the schema no longer reads is another config.
+    # A table's folder may come from someone else: the code its runs name is imported only where the
+    # table itself names it (raysim.plugins).
+    wanted_tree = run.config.to_dict()
+    why = "named by a run in the table's folder, not by the table: this folder may hold another experiment's runs"
     try:
-        stored = config_from_dict(config_as_made(stored, made_at(run.run_dir.read_summary()))).to_dict()
+        with user_code_refused(why, vouched=[name for _, name in named_code(run.config)]):
+            stored = config_from_dict(config_as_made(stored, made_at(run.run_dir.read_summary()))).to_dict()
     except RaysimError as exc:
         raise RaysimError(
             f"'{run.run_dir}' holds a run of a config this raysim cannot read ({exc}): remove that folder, "
             "or give another --out"
         ) from None
-    stored, wanted = flatten(stored), flatten(run.config.to_dict())
+    stored, wanted = flatten(stored), flatten(wanted_tree)
     differing = sorted(k for k in set(stored) | set(wanted) if k not in NEUTRAL_KEYS and stored.get(k) != wanted.get(k))
     shorter = differing == ["rounds"] and isinstance(stored["rounds"], int) and stored["rounds"] < wanted["rounds"]
     if differing and not shorter:
