@@ -124,23 +124,24 @@ def test_an_in_process_run_needs_no_ray(run_tiny, tmp_path):
 
 @pytest.mark.slow  # a subprocess: about 4 s
 def test_without_ray_what_needs_it_is_one_line_and_makes_no_folder(tmp_path):
-    """A run on actors and a sweep, in a Python where Ray cannot be imported."""
+    """A run on actors, a sweep and a table's runs on actors, in a Python where Ray cannot be imported."""
     import subprocess
     import sys
 
-    run_out, sweep_out = tmp_path / "run", tmp_path / "sweep"
+    run_out, sweep_out, table_out = tmp_path / "run", tmp_path / "sweep", tmp_path / "table"
     script = (
         "import sys; sys.modules['ray'] = None\n"  # import ray now raises ModuleNotFoundError
         "from raysim.cli import main\n"
         f"print(main(['run', {str(ROOT / 'configs/quickstart.yaml')!r}, '--out', {str(run_out)!r}]), "
-        f"main(['tune', {str(ROOT / 'configs/sweeps/cpu.yaml')!r}, '--out', {str(sweep_out)!r}]))"
+        f"main(['tune', {str(ROOT / 'configs/sweeps/cpu.yaml')!r}, '--out', {str(sweep_out)!r}]), "
+        f"main(['reproduce', 'smoke', '--out', {str(table_out)!r}]))"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.stdout.split() == ["2", "2"], done.stderr[-2000:]
+    assert done.stdout.split() == ["2", "2", "2"], done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 2 and all(line.startswith("raysim: error: Ray is not installed") for line in lines), lines
+    assert len(lines) == 3 and all(line.startswith("raysim: error: Ray is not installed") for line in lines), lines
     assert "resources.in_process=true" in lines[0]
-    assert not run_out.exists() and not sweep_out.exists()
+    assert not run_out.exists() and not sweep_out.exists() and not table_out.exists()
 
 
 def test_learns_above_chance(run_tiny):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from raysim.engine import ray_side
 from raysim.errors import RaysimError
 from raysim.outputs.safe_write import real_folder
 from raysim.reproduce.runs import execute, finished_only, plan_runs
@@ -134,6 +135,8 @@ def reproduce(
     )
     if table_only:
         finished_only(runs, out)  # before real_folder: it creates --out, and there is nothing to put in it
+    elif not out.exists() and not all(run.config.resources.in_process for run in runs):
+        ray_side()  # every run is new and some start actors: without Ray, one line before --out is made
     try:  # once every run's config is valid: a refused table leaves no folder behind
         real_folder(out)  # a linked --out is refused before the runs, not when the table is written
     except OSError as exc:
