@@ -84,7 +84,8 @@ def refuse_code(config: Config, folder: Path, why: str, action: str) -> None:
     is read, under raysim.plugins.user_code_refused; its model factories are imported later), or if
     the working directory lies inside `folder` (Ray puts it on its workers' import path)."""
 
-    for key, name in named_code(config):
+    if code := named_code(config):
+        key, name = code[0]
         raise RaysimError(f"{key}='{name}' is user code, {why}")
     here, inside = Path.cwd().resolve(), folder.resolve()
     if here == inside or inside in here.parents:
